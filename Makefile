@@ -1,0 +1,42 @@
+# srpd — see README.md. `make test` is what CI runs (via .ci/run).
+GO       ?= go
+PKGS     ?= ./...
+BENCHTIME ?= 1s
+TESTFLAGS ?= -race -timeout 20m
+
+.PHONY: all build test fmt-check vet unit bench fuzz-smoke demo clean
+
+all: build
+
+build:
+	$(GO) build ./...
+
+test: fmt-check vet unit
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+unit:
+	$(GO) test $(TESTFLAGS) $(PKGS)
+
+# Benchmarks with allocation counts; compare runs with benchstat.
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+# A short run of every fuzz target (each parser has one), seed corpora first.
+FUZZTIME ?= 10s
+fuzz-smoke:
+	@set -e; for pkg in $$($(GO) list $(PKGS)); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; done
+
+demo:
+	$(GO) run ./cmd/srpd demo
+
+clean:
+	$(GO) clean -testcache

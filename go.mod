@@ -1,0 +1,3 @@
+module github.com/srpd/srpd
+
+go 1.26

@@ -1,0 +1,60 @@
+// Package backend holds the storage behind a SCSI logical unit: a regular file, a block device or
+// RAM. A Backend is a flat byte range; block size, LBAs and SCSI semantics live in package scsi.
+package backend
+
+import (
+	"errors"
+	"io"
+)
+
+// Errors a Backend returns. Callers test them with errors.Is; implementations wrap them with
+// context (fmt.Errorf("...: %w", ErrX)).
+var (
+	// ErrReadOnly: a write, discard or zeroing on a backend opened read-only.
+	ErrReadOnly = errors.New("backend: read-only")
+	// ErrOutOfRange: an access that does not lie entirely inside [0, Size()).
+	ErrOutOfRange = errors.New("backend: access out of range")
+	// ErrNotSupported: the backend cannot do this operation (e.g. discard on a device without it).
+	ErrNotSupported = errors.New("backend: operation not supported")
+	// ErrClosed: the backend was closed.
+	ErrClosed = errors.New("backend: closed")
+)
+
+// Info describes what a backend is and can do. It does not change after open.
+type Info struct {
+	Kind     string // "file", "blockdev", "ram"
+	Path     string // file or device path; empty for ram
+	ReadOnly bool
+	// CanDiscard: Discard deallocates (punch hole, BLKDISCARD, dropping RAM pages).
+	CanDiscard bool
+	// DiscardZeroes: after Discard the range reads back as zeroes (SBC LBPRZ).
+	DiscardZeroes bool
+	// Rotational is reported in VPD page 0xB1 (medium rotation rate); false = non-rotating.
+	Rotational bool
+	// PhysicalBlockSize is the backend's natural block size in bytes (0 = unknown), reported
+	// in READ CAPACITY(16) as the physical block exponent when larger than the logical block.
+	PhysicalBlockSize int
+}
+
+// Backend is the storage of one LUN. Implementations are safe for concurrent use: the LUN issues
+// ReadAt/WriteAt from many goroutines at once, and must never allocate per call on the read and
+// write paths.
+type Backend interface {
+	// ReadAt and WriteAt follow io.ReaderAt/io.WriterAt; an access that does not fit entirely in
+	// [0, Size()) fails with ErrOutOfRange and transfers nothing.
+	io.ReaderAt
+	io.WriterAt
+	// Size is the capacity in bytes.
+	Size() int64
+	// Flush makes every completed write durable (fdatasync for files and devices; a no-op for RAM).
+	Flush() error
+	// Discard deallocates [off, off+n); afterwards the range reads as zeroes when
+	// Info().DiscardZeroes. ErrNotSupported when !Info().CanDiscard.
+	Discard(off, n int64) error
+	// WriteZeroes makes [off, off+n) read as zeroes, deallocating where that is cheaper
+	// (FALLOC_FL_ZERO_RANGE, BLKZEROOUT, dropping RAM pages) and writing zeroes otherwise.
+	WriteZeroes(off, n int64) error
+	Info() Info
+	// Close releases the backend; later calls fail with ErrClosed.
+	Close() error
+}

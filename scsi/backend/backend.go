@@ -1,5 +1,9 @@
 // Package backend holds the storage behind a SCSI logical unit: a regular file, a block device or
 // RAM. A Backend is a flat byte range; block size, LBAs and SCSI semantics live in package scsi.
+//
+// Constructors: NewRAM, OpenFile (FileOptions), OpenBlockDev (BlockDevOptions). Their own errors
+// (ErrBusy, ErrNotBlockDevice, ErrNotRegularFile, ErrWouldShrink, ErrInvalidSize) are in
+// errors.go. Linux only (pread/pwrite, fallocate, block device ioctls).
 package backend
 
 import (
@@ -39,6 +43,12 @@ type Info struct {
 // Backend is the storage of one LUN. Implementations are safe for concurrent use: the LUN issues
 // ReadAt/WriteAt from many goroutines at once, and must never allocate per call on the read and
 // write paths.
+//
+// Every call checks, in this order: closed (ErrClosed), read-only for the mutating calls
+// (ErrReadOnly), range (ErrOutOfRange). An empty access anywhere in [0, Size()] succeeds and does
+// nothing. Any other error is the OS failing the I/O (EIO, ENOSPC on a full filesystem under a
+// sparse file, a short transfer...): the errno stays reachable with errors.Is, and the SCSI layer
+// reports it as a MEDIUM ERROR.
 type Backend interface {
 	// ReadAt and WriteAt follow io.ReaderAt/io.WriterAt; an access that does not fit entirely in
 	// [0, Size()) fails with ErrOutOfRange and transfers nothing.

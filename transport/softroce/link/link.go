@@ -1,0 +1,155 @@
+// Package link moves RoCEv2 datagrams between the softroce engine and the network. The engine
+// talks to the network only through the Link interface (modelled on wireguard-go's conn.Bind:
+// batched I/O, no allocation and no goroutine per packet).
+//
+// Implementations:
+//   - UDP (ListenUDP): a UDP socket with recvmmsg/sendmmsg, the default.
+//   - MemLink (NewPipe): two connected in-memory endpoints with deterministic fault injection
+//     (drop, duplicate, reorder, delay, corrupt), a per-packet filter hook and raw injection,
+//     for tests.
+//   - WithPcap: a tap writing every packet sent and received to a classic pcap file.
+//
+// Every link computes the ICRC on Send over the exact IP/UDP header the packet gets on the wire
+// and verifies it on Recv (recovering the unseen IPv4 Identification, see
+// wire.Encap.RecoverIPv4ID), so the engine never handles ICRCs.
+package link
+
+import (
+	"errors"
+	"net/netip"
+	"sync/atomic"
+
+	"github.com/srpd/srpd/transport/softroce/wire"
+)
+
+// UDPPort is the RoCEv2 UDP destination port (IANA 4791).
+const UDPPort = wire.UDPPort
+
+// MaxPacket is the largest Buf (BTH through ICRC) a link sends or receives: a 4096-byte payload
+// (the largest IB MTU) plus the longest transport headers (wire.MaxHeaderLen), 3 pad bytes and
+// the ICRC, rounded up to a multiple of 64. Receive buffers must have at least this capacity.
+const MaxPacket = 4160
+
+// MinPacket is the smallest valid Buf: a BTH and an ICRC.
+const MinPacket = wire.BTHLen + wire.ICRCLen
+
+// Packet is one RoCEv2 datagram: UDP/IP addressing plus the bytes from the BTH through the ICRC.
+type Packet struct {
+	// Src is the sender. On Send, Src.Addr() selects the IP source address (it must be an
+	// address of this host; required when a UDP link is bound to a wildcard address, otherwise
+	// the link's own address is used when Src.Addr() is not valid) and Src.Port() is ignored:
+	// packets leave from the link's port (rxe ignores the UDP source port). On Recv it is the
+	// datagram's source address and port.
+	Src netip.AddrPort
+	// Dst is the receiver. On Send its port is normally UDPPort (4791). On Recv it is the
+	// datagram's destination address (learned with IP_PKTINFO when bound to a wildcard) and the
+	// link's port.
+	Dst netip.AddrPort
+	// TrafficClass is the IPv4 TOS / IPv6 traffic class (DSCP+ECN). On Recv it is 0 unless the
+	// link reports it (UDP does, MemLink does).
+	TrafficClass uint8
+	// Buf holds BTH .. ICRC inclusive. Send: the link overwrites the last 4 bytes with the ICRC
+	// for the exact IP header it puts on the wire; len(Buf) must be in [MinPacket, MaxPacket].
+	// Recv: Buf is resliced (within its capacity, which must be >= MaxPacket) to the datagram,
+	// the ICRC has been verified and the packet parses with wire.Parse; Src/Dst are filled.
+	Buf []byte
+}
+
+// Link is a RoCEv2 datagram endpoint. All methods are safe for concurrent use; Send and Recv
+// are typically called from one goroutine each.
+type Link interface {
+	// Send transmits pkts in order, writing each packet's ICRC into its Buf first. It returns
+	// the number of packets handed to the network and the first error; it stops at the first
+	// packet it cannot send (pkts[n] caused the error, pkts[n+1:] were not attempted). Packets
+	// handed to the network may still be lost, as on any network. After Close it returns
+	// net.ErrClosed.
+	Send(pkts []Packet) (int, error)
+	// Recv blocks until at least one packet is available, fills up to len(pkts) entries
+	// (reusing each pkts[i].Buf's capacity, which must be >= MaxPacket) and returns how many.
+	// Packets failing ICRC or framing are dropped and counted, never returned. After Close it
+	// returns net.ErrClosed (also to a Recv blocked at the time).
+	Recv(pkts []Packet) (int, error)
+	// BatchSize is the ideal number of packets per Send/Recv call.
+	BatchSize() int
+	// LocalAddr is the address the link is bound to (possibly unspecified for a wildcard UDP
+	// link), with the link's UDP port available through LocalAddrPort on the implementations.
+	LocalAddr() netip.Addr
+	// Stats returns a snapshot of the link's counters.
+	Stats() Stats
+	// Close releases the link. It is idempotent.
+	Close() error
+}
+
+// Encapsulator is implemented by links that can tell the exact IP/UDP encapsulation they give
+// a sent packet (used by the pcap tap). p must have been passed to Send already (so its Src is
+// resolved the same way).
+type Encapsulator interface {
+	Encap(p *Packet) wire.Encap
+}
+
+// Stats is a snapshot of a link's counters. Bytes count Buf lengths (BTH through ICRC).
+type Stats struct {
+	TxPackets, TxBytes uint64 // handed to the network
+	RxPackets, RxBytes uint64 // returned by Recv
+	RxICRCDrops        uint64 // dropped: ICRC mismatch (or no IPv4 ID makes it match)
+	RxMalformedDrops   uint64 // dropped: too short/long, truncated, unparseable, bad addresses
+	RxQueueDrops       uint64 // dropped: receive queue full (MemLink) / socket overflow (UDP, SO_RXQ_OVFL)
+	TxErrors           uint64 // Send calls that failed (one per error returned)
+}
+
+// Errors returned by Send.
+var (
+	// ErrPacketSize: len(Buf) is outside [MinPacket, MaxPacket].
+	ErrPacketSize = errors.New("link: packet length out of range")
+	// ErrAddress: the destination (or chosen source) address is invalid, of the wrong family
+	// for the link, or no source address could be chosen for a wildcard-bound link.
+	ErrAddress = errors.New("link: bad address")
+	// ErrBufferTooSmall: a Recv buffer has capacity < MaxPacket.
+	ErrBufferTooSmall = errors.New("link: receive buffer capacity below MaxPacket")
+)
+
+// counters are updated with sync/atomic and read by Stats.
+type counters struct {
+	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
+	rxICRC, rxMalformed, rxQueue, txErrors atomic.Uint64
+}
+
+func (c *counters) snapshot() Stats {
+	return Stats{
+		TxPackets: c.txPackets.Load(), TxBytes: c.txBytes.Load(),
+		RxPackets: c.rxPackets.Load(), RxBytes: c.rxBytes.Load(),
+		RxICRCDrops: c.rxICRC.Load(), RxMalformedDrops: c.rxMalformed.Load(),
+		RxQueueDrops: c.rxQueue.Load(), TxErrors: c.txErrors.Load(),
+	}
+}
+
+// checkRx verifies a received datagram: length, ICRC, then wire.Parse (so that any corruption
+// counts as an ICRC drop, as in rxe where the ICRC is checked last but never passes corruption). For IPv4 the
+// sender's Identification is unknown and recovered from the ICRC (DF, offset 0 assumed); for
+// IPv6 the ICRC is verified directly. It returns false after counting the drop.
+func (c *counters) checkRx(e *wire.Encap, buf []byte) bool {
+	if len(buf) < MinPacket || len(buf) > MaxPacket {
+		c.rxMalformed.Add(1)
+		return false
+	}
+	if !e.Valid() {
+		c.rxMalformed.Add(1)
+		return false
+	}
+	if e.Is4() {
+		id, ok := e.RecoverIPv4ID(buf)
+		if !ok {
+			c.rxICRC.Add(1)
+			return false
+		}
+		e.IPv4ID = id
+	} else if !e.VerifyICRC(buf) {
+		c.rxICRC.Add(1)
+		return false
+	}
+	if _, err := wire.Parse(buf); err != nil {
+		c.rxMalformed.Add(1)
+		return false
+	}
+	return true
+}

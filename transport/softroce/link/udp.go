@@ -1,0 +1,617 @@
+//go:build linux
+
+package link
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/srpd/srpd/transport/softroce/wire"
+)
+
+// UDPOptions configures ListenUDP. The zero value is the default.
+type UDPOptions struct {
+	// BatchSize is the number of datagrams per recvmmsg/sendmmsg (default 32, max 1024).
+	BatchSize int
+	// TTL is the IPv4 TTL / IPv6 hop limit of sent packets (default 64, what rxe uses with the
+	// default ip_default_ttl). It is masked out of the ICRC.
+	TTL int
+	// SocketBuffer is the SO_RCVBUF/SO_SNDBUF size in bytes (default 4 MiB; SO_*BUFFORCE is
+	// tried first so that root is not limited by net.core.[rw]mem_max).
+	SocketBuffer int
+	// GRO enables UDP_GRO where the kernel has it (Linux >= 5.0): the kernel may hand over
+	// several same-flow, same-size datagrams coalesced in one buffer, which Recv splits by the
+	// gso_size it reports. Every segment is checked on its own: each carried its own IPv4
+	// Identification, which the coalesced header no longer shows, and which ID recovery finds.
+	// With GRO the link receives into its own 64 KiB buffers and copies each packet out (one
+	// copy); without it, recvmmsg writes straight into the caller's buffers.
+	GRO bool
+}
+
+// UDP is a Link over a UDP socket (RoCEv2 on the host's IP stack). See ListenUDP.
+//
+// What goes on the wire. Packets are sent with sendmmsg from an unconnected socket with
+// IP_MTU_DISCOVER = IP_PMTUDISC_DO. Linux then sets DF and, because the socket is unconnected
+// and DF is set without ignore_df, writes IPv4 Identification 0
+// (torvalds/linux:include/net/ip.h ip_select_ident_segs; a connected socket uses a per-socket
+// counter and the default IP_PMTUDISC_WANT a hashed ID). TTL is IP_TTL (UDPOptions.TTL), TOS
+// is the socket default 0 or Packet.TrafficClass through a per-packet IP_TOS cmsg, and the source
+// address is the bound address or Packet.Src.Addr() through an IP_PKTINFO cmsg. The ICRC is
+// therefore computed over: IHL 5, total length, ID 0, DF, offset 0, UDP, src, dst, the link's
+// port, Packet.Dst's port — TestLoopbackCaptureICRC proves it against frames captured off lo.
+// IPv6 has no ID; the kernel writes a real UDP checksum (we do not set UDP_NO_CHECK6_TX: rxe's
+// receive socket is created with use_udp6_rx_checksums = 0 and so accepts zero and valid
+// checksums alike — torvalds/linux:drivers/infiniband/sw/rxe/rxe_net.c rxe_setup_udp_tunnel,
+// net/ipv6/ip6_udp_tunnel.c udp_sock_create6 — and a real checksum is what RFC 6935/6936 ask of
+// non-tunnel senders).
+//
+// UDP GSO (UDP_SEGMENT) is not used: the segments' IPv4 IDs would be chosen by whoever
+// segments (inet_gso_segment increments from the first ID in software; a NIC doing USO follows
+// its own rule) and on loopback the capture point sees the unsegmented super-packet, so the IDs
+// the ICRC must cover cannot be proven here. Receivers would recover them anyway, but rxe does
+// not: it checks the full ICRC. Without GSO every datagram leaves with ID 0.
+//
+// What is accepted. IP_PKTINFO/IPV6_RECVPKTINFO give the destination address (needed for the
+// ICRC when bound to a wildcard), IP_RECVTOS/IPV6_RECVTCLASS the traffic class, SO_RXQ_OVFL the
+// socket's drop count. UDP_NO_CHECK6_RX (torvalds/linux:include/uapi/linux/udp.h: TX 101, RX 102)
+// accepts the zero UDP checksum rxe sends over IPv6. IPv4 packets are checked by recovering the
+// sender's Identification from the ICRC (wire.Encap.RecoverIPv4ID; rxe varies it), IPv6 ones by
+// plain ICRC verification; failures and malformed datagrams are dropped and counted.
+type UDP struct {
+	conn  *net.UDPConn
+	rc    syscall.RawConn
+	local netip.AddrPort
+	is4   bool
+	wild  bool // bound to the unspecified address
+	batch int
+	gro   bool
+	ctr   counters
+
+	closed atomic.Bool
+
+	recvMu sync.Mutex
+	rx     mmsgState
+	rxFn   func(fd uintptr) bool
+	rxN    int // messages requested / received
+	rxErr  error
+	lastOv uint32 // last SO_RXQ_OVFL value
+	// GRO state: link-owned buffers and a cursor over received, unsplit data.
+	groBufs [][]byte
+	groMsgs int // messages in groBufs from the last recvmmsg
+	groMsg  int // current message
+	groOff  int // offset in it
+
+	sendMu sync.Mutex
+	tx     mmsgState
+	txFn   func(fd uintptr) bool
+	txOff  int
+	txN    int
+	txErr  error
+}
+
+const (
+	ctrlLen     = 128
+	groBufLen   = 65536
+	defaultTTL  = 64
+	defaultSock = 4 << 20
+)
+
+type mmsgState struct {
+	msgs  []unix.Mmsghdr
+	iovs  []unix.Iovec
+	names []unix.RawSockaddrInet6
+	ctrl  [][ctrlLen]byte
+}
+
+func newMmsgState(n int) mmsgState {
+	s := mmsgState{
+		msgs:  make([]unix.Mmsghdr, n),
+		iovs:  make([]unix.Iovec, n),
+		names: make([]unix.RawSockaddrInet6, n),
+		ctrl:  make([][ctrlLen]byte, n),
+	}
+	for i := range s.msgs {
+		h := &s.msgs[i].Hdr
+		h.Name = (*byte)(unsafe.Pointer(&s.names[i]))
+		h.Iov = &s.iovs[i]
+		h.SetIovlen(1)
+	}
+	return s
+}
+
+// ListenUDP opens a UDP link bound to addr (IPv4 or IPv6, possibly unspecified; port 0 picks an
+// ephemeral port, UDPPort is the RoCEv2 port). The link uses one socket and one family: an IPv6
+// link is IPV6_V6ONLY. ctx bounds the socket setup only.
+func ListenUDP(ctx context.Context, addr netip.AddrPort, opts UDPOptions) (*UDP, error) {
+	a := addr.Addr().Unmap()
+	if !a.IsValid() {
+		return nil, ErrAddress
+	}
+	addr = netip.AddrPortFrom(a, addr.Port())
+	batch := opts.BatchSize
+	if batch <= 0 {
+		batch = 32
+	}
+	batch = min(batch, 1024)
+	ttl := opts.TTL
+	if ttl <= 0 || ttl > 255 {
+		ttl = defaultTTL
+	}
+	sockBuf := opts.SocketBuffer
+	if sockBuf <= 0 {
+		sockBuf = defaultSock
+	}
+	is4 := a.Is4()
+	network := "udp6"
+	if is4 {
+		network = "udp4"
+	}
+	gro := opts.GRO
+	var sockErr error
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		err := c.Control(func(fd uintptr) {
+			sockErr = setupSocket(int(fd), is4, ttl, sockBuf, &gro)
+		})
+		if err != nil {
+			return err
+		}
+		return sockErr
+	}}
+	pc, err := lc.ListenPacket(ctx, network, addr.String())
+	if err != nil {
+		return nil, err
+	}
+	conn := pc.(*net.UDPConn)
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	local := conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	local = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
+	u := &UDP{
+		conn: conn, rc: rc, local: local, is4: is4, wild: a.IsUnspecified(), batch: batch, gro: gro,
+		rx: newMmsgState(batch), tx: newMmsgState(batch),
+	}
+	if gro {
+		u.groBufs = make([][]byte, batch)
+		backing := make([]byte, batch*groBufLen)
+		for i := range u.groBufs {
+			u.groBufs[i] = backing[i*groBufLen : (i+1)*groBufLen : (i+1)*groBufLen]
+		}
+	}
+	u.rxFn = u.recvmmsg
+	u.txFn = u.sendmmsg
+	return u, nil
+}
+
+func setupSocket(fd int, is4 bool, ttl, sockBuf int, gro *bool) error {
+	set := func(level, opt, v int) error { return unix.SetsockoptInt(fd, level, opt, v) }
+	if set(unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, sockBuf) != nil {
+		_ = set(unix.SOL_SOCKET, unix.SO_RCVBUF, sockBuf)
+	}
+	if set(unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sockBuf) != nil {
+		_ = set(unix.SOL_SOCKET, unix.SO_SNDBUF, sockBuf)
+	}
+	_ = set(unix.SOL_SOCKET, unix.SO_RXQ_OVFL, 1) // best effort: drop counter
+	var errs []error
+	if is4 {
+		errs = append(errs,
+			set(unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO), // DF + ID 0
+			set(unix.IPPROTO_IP, unix.IP_TTL, ttl),
+			set(unix.IPPROTO_IP, unix.IP_TOS, 0),
+			set(unix.IPPROTO_IP, unix.IP_PKTINFO, 1),
+			set(unix.IPPROTO_IP, unix.IP_RECVTOS, 1))
+	} else {
+		errs = append(errs,
+			set(unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1),
+			set(unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO),
+			set(unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS, ttl),
+			set(unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1),
+			set(unix.IPPROTO_IPV6, unix.IPV6_RECVTCLASS, 1),
+			// Accept the zero UDP checksum rxe sends over IPv6 (include/uapi/linux/udp.h
+			// UDP_NO_CHECK6_RX = 102).
+			set(unix.IPPROTO_UDP, unix.UDP_NO_CHECK6_RX, 1))
+	}
+	if *gro && set(unix.IPPROTO_UDP, unix.UDP_GRO, 1) != nil {
+		*gro = false // kernel without UDP_GRO: plain datagrams
+	}
+	return errors.Join(errs...)
+}
+
+// LocalAddr returns the bound address (unspecified for a wildcard link).
+func (u *UDP) LocalAddr() netip.Addr { return u.local.Addr() }
+
+// LocalAddrPort returns the bound address and port (the actual port when 0 was asked).
+func (u *UDP) LocalAddrPort() netip.AddrPort { return u.local }
+
+// BatchSize returns the recvmmsg/sendmmsg batch size.
+func (u *UDP) BatchSize() int { return u.batch }
+
+// GRO reports whether UDP_GRO is in use.
+func (u *UDP) GRO() bool { return u.gro }
+
+// Stats returns a snapshot of the counters.
+func (u *UDP) Stats() Stats { return u.ctr.snapshot() }
+
+// Close closes the socket; blocked Send/Recv calls return net.ErrClosed.
+func (u *UDP) Close() error {
+	if u.closed.Swap(true) {
+		return nil
+	}
+	return u.conn.Close()
+}
+
+// srcFor returns the source address a packet leaves with.
+func (u *UDP) srcFor(p *Packet) (netip.Addr, bool) {
+	if a := p.Src.Addr().Unmap(); a.IsValid() && !a.IsUnspecified() {
+		return a, a.Is4() == u.is4
+	}
+	if u.wild {
+		return netip.Addr{}, false
+	}
+	return u.local.Addr(), true
+}
+
+// Encap returns the encapsulation u gives p on the wire.
+func (u *UDP) Encap(p *Packet) wire.Encap {
+	src, _ := u.srcFor(p)
+	dst := netip.AddrPortFrom(p.Dst.Addr().Unmap(), p.Dst.Port())
+	if !u.is4 {
+		dst = p.Dst
+	}
+	return wire.Encap{Src: netip.AddrPortFrom(src, u.local.Port()), Dst: dst, TrafficClass: p.TrafficClass}
+}
+
+func putCmsg(b []byte, level, typ int, data []byte) int {
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level, h.Type = int32(level), int32(typ)
+	h.SetLen(unix.CmsgLen(len(data)))
+	copy(b[unix.CmsgLen(0):], data)
+	return unix.CmsgSpace(len(data))
+}
+
+// Send implements Link. It computes each packet's ICRC for the header described on UDP and
+// hands the batch to sendmmsg, waiting (through the Go netpoller) while the socket buffer is
+// full.
+func (u *UDP) Send(pkts []Packet) (int, error) {
+	if u.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	u.sendMu.Lock()
+	defer u.sendMu.Unlock()
+	sent := 0
+	for sent < len(pkts) {
+		n, err := u.prepareSend(pkts[sent:])
+		if n > 0 {
+			u.txOff, u.txN, u.txErr = 0, n, nil
+			if werr := u.rc.Write(u.txFn); werr != nil && u.txErr == nil {
+				u.txErr = werr
+			}
+			for i := 0; i < u.txOff; i++ {
+				u.ctr.txBytes.Add(uint64(len(pkts[sent+i].Buf)))
+			}
+			u.ctr.txPackets.Add(uint64(u.txOff))
+			sent += u.txOff
+			if u.txErr != nil {
+				u.ctr.txErrors.Add(1)
+				if u.closed.Load() {
+					return sent, net.ErrClosed
+				}
+				return sent, u.txErr
+			}
+		}
+		if err != nil {
+			u.ctr.txErrors.Add(1)
+			return sent, err
+		}
+	}
+	return sent, nil
+}
+
+// prepareSend fills the tx mmsghdrs for up to batch packets; it stops before the first invalid
+// packet and returns its error after the valid ones.
+func (u *UDP) prepareSend(pkts []Packet) (int, error) {
+	n := min(len(pkts), u.batch)
+	for i := 0; i < n; i++ {
+		p := &pkts[i]
+		if len(p.Buf) < MinPacket || len(p.Buf) > MaxPacket {
+			return i, ErrPacketSize
+		}
+		src, ok := u.srcFor(p)
+		dst := p.Dst.Addr()
+		if u.is4 {
+			dst = dst.Unmap()
+		}
+		if !ok || !dst.IsValid() || dst.Is4() != u.is4 || p.Dst.Port() == 0 {
+			return i, ErrAddress
+		}
+		e := wire.Encap{Src: netip.AddrPortFrom(src, u.local.Port()), Dst: netip.AddrPortFrom(dst, p.Dst.Port())}
+		e.PutICRC(p.Buf)
+
+		h := &u.tx.msgs[i].Hdr
+		nm := &u.tx.names[i]
+		*nm = unix.RawSockaddrInet6{}
+		if u.is4 {
+			sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(nm))
+			sa.Family = unix.AF_INET
+			binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:], p.Dst.Port())
+			sa.Addr = dst.As4()
+			h.Namelen = unix.SizeofSockaddrInet4
+		} else {
+			nm.Family = unix.AF_INET6
+			binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&nm.Port))[:], p.Dst.Port())
+			nm.Addr = dst.As16()
+			if dst.Is6() && dst.Zone() != "" {
+				nm.Scope_id = zoneIndex(dst.Zone())
+			}
+			h.Namelen = unix.SizeofSockaddrInet6
+		}
+		u.tx.iovs[i].Base = &p.Buf[0]
+		u.tx.iovs[i].SetLen(len(p.Buf))
+		// Control: source address (when not the bound one) and traffic class (when not 0).
+		c := u.tx.ctrl[i][:]
+		off := 0
+		if u.wild || src != u.local.Addr() {
+			if u.is4 {
+				var pi [12]byte // struct in_pktinfo: ifindex, spec_dst, addr
+				a := src.As4()
+				copy(pi[4:8], a[:])
+				off += putCmsg(c[off:], unix.IPPROTO_IP, unix.IP_PKTINFO, pi[:])
+			} else {
+				var pi [20]byte // struct in6_pktinfo: addr, ifindex
+				a := src.As16()
+				copy(pi[:16], a[:])
+				off += putCmsg(c[off:], unix.IPPROTO_IPV6, unix.IPV6_PKTINFO, pi[:])
+			}
+		}
+		if p.TrafficClass != 0 {
+			var v [4]byte
+			binary.NativeEndian.PutUint32(v[:], uint32(p.TrafficClass))
+			if u.is4 {
+				off += putCmsg(c[off:], unix.IPPROTO_IP, unix.IP_TOS, v[:])
+			} else {
+				off += putCmsg(c[off:], unix.IPPROTO_IPV6, unix.IPV6_TCLASS, v[:])
+			}
+		}
+		if off > 0 {
+			h.Control = &u.tx.ctrl[i][0]
+		} else {
+			h.Control = nil
+		}
+		h.SetControllen(off)
+	}
+	return n, nil
+}
+
+func zoneIndex(zone string) uint32 {
+	if ifi, err := net.InterfaceByName(zone); err == nil {
+		return uint32(ifi.Index)
+	}
+	return 0
+}
+
+// sendmmsg runs under RawConn.Write: false means "wait until writable".
+func (u *UDP) sendmmsg(fd uintptr) bool {
+	for u.txOff < u.txN {
+		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&u.tx.msgs[u.txOff])),
+			uintptr(u.txN-u.txOff), unix.MSG_DONTWAIT, 0, 0)
+		switch {
+		case e == unix.EINTR:
+			continue
+		case e == unix.EAGAIN:
+			return false
+		case e != 0:
+			u.txErr = os.NewSyscallError("sendmmsg", e)
+			return true
+		}
+		u.txOff += int(r)
+	}
+	return true
+}
+
+// recvmmsg runs under RawConn.Read: false means "wait until readable".
+func (u *UDP) recvmmsg(fd uintptr) bool {
+	for {
+		r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&u.rx.msgs[0])),
+			uintptr(u.rxN), unix.MSG_DONTWAIT, 0, 0)
+		switch {
+		case e == unix.EINTR:
+			continue
+		case e == unix.EAGAIN:
+			return false
+		case e != 0:
+			u.rxErr = os.NewSyscallError("recvmmsg", e)
+			u.rxN = 0
+			return true
+		}
+		u.rxN = int(r)
+		return true
+	}
+}
+
+// Recv implements Link.
+func (u *UDP) Recv(pkts []Packet) (int, error) {
+	for i := range pkts {
+		if cap(pkts[i].Buf) < MaxPacket {
+			return 0, ErrBufferTooSmall
+		}
+	}
+	if len(pkts) == 0 {
+		return 0, nil
+	}
+	u.recvMu.Lock()
+	defer u.recvMu.Unlock()
+	for {
+		if u.closed.Load() {
+			return 0, net.ErrClosed
+		}
+		if u.gro {
+			if k := u.drainGRO(pkts); k > 0 {
+				return k, nil
+			}
+		}
+		n := min(len(pkts), u.batch)
+		for i := 0; i < n; i++ {
+			h := &u.rx.msgs[i].Hdr
+			if u.gro {
+				u.rx.iovs[i].Base = &u.groBufs[i][0]
+				u.rx.iovs[i].SetLen(groBufLen)
+			} else {
+				b := pkts[i].Buf[:MaxPacket]
+				u.rx.iovs[i].Base = &b[0]
+				u.rx.iovs[i].SetLen(MaxPacket)
+			}
+			h.Namelen = unix.SizeofSockaddrInet6
+			h.Control = &u.rx.ctrl[i][0]
+			h.SetControllen(ctrlLen)
+			h.Flags = 0
+		}
+		u.rxN, u.rxErr = n, nil
+		if err := u.rc.Read(u.rxFn); err != nil {
+			if u.closed.Load() || errors.Is(err, net.ErrClosed) {
+				return 0, net.ErrClosed
+			}
+			return 0, err
+		}
+		if u.rxErr != nil {
+			if u.closed.Load() {
+				return 0, net.ErrClosed
+			}
+			return 0, u.rxErr
+		}
+		if u.gro {
+			u.groMsgs, u.groMsg, u.groOff = u.rxN, 0, 0
+			continue
+		}
+		k := 0
+		for i := 0; i < u.rxN; i++ {
+			m := &u.rx.msgs[i]
+			var p Packet
+			gso, ok := u.decodeMeta(i, &p)
+			if !ok || m.Hdr.Flags&unix.MSG_TRUNC != 0 || gso != 0 {
+				u.ctr.rxMalformed.Add(1)
+				continue
+			}
+			p.Buf = pkts[i].Buf[:m.Len]
+			e := wire.Encap{Src: p.Src, Dst: p.Dst}
+			if !u.ctr.checkRx(&e, p.Buf) {
+				continue
+			}
+			if k != i {
+				pkts[k], pkts[i] = pkts[i], pkts[k]
+			}
+			pkts[k].Src, pkts[k].Dst, pkts[k].TrafficClass = p.Src, p.Dst, p.TrafficClass
+			pkts[k].Buf = pkts[k].Buf[:m.Len]
+			u.ctr.rxPackets.Add(1)
+			u.ctr.rxBytes.Add(uint64(m.Len))
+			k++
+		}
+		if k > 0 {
+			return k, nil
+		}
+	}
+}
+
+// drainGRO copies segments from the GRO buffers into pkts and returns how many were accepted.
+func (u *UDP) drainGRO(pkts []Packet) int {
+	k := 0
+	for k < len(pkts) && u.groMsg < u.groMsgs {
+		i := u.groMsg
+		m := &u.rx.msgs[i]
+		var meta Packet
+		gso, ok := u.decodeMeta(i, &meta)
+		total := int(m.Len)
+		if !ok || m.Hdr.Flags&unix.MSG_TRUNC != 0 {
+			u.ctr.rxMalformed.Add(1)
+			u.groMsg, u.groOff = u.groMsg+1, 0
+			continue
+		}
+		seg := total
+		if gso > 0 {
+			seg = gso
+		}
+		if u.groOff >= total {
+			u.groMsg, u.groOff = u.groMsg+1, 0
+			continue
+		}
+		end := min(u.groOff+seg, total)
+		data := u.groBufs[i][u.groOff:end]
+		u.groOff = end
+		if len(data) > MaxPacket {
+			u.ctr.rxMalformed.Add(1)
+			continue
+		}
+		p := &pkts[k]
+		p.Src, p.Dst, p.TrafficClass = meta.Src, meta.Dst, meta.TrafficClass
+		p.Buf = p.Buf[:len(data)]
+		copy(p.Buf, data)
+		e := wire.Encap{Src: p.Src, Dst: p.Dst}
+		if !u.ctr.checkRx(&e, p.Buf) {
+			continue
+		}
+		u.ctr.rxPackets.Add(1)
+		u.ctr.rxBytes.Add(uint64(len(p.Buf)))
+		k++
+	}
+	return k
+}
+
+// decodeMeta decodes the source address and the control messages of rx message i into p's
+// Src, Dst and TrafficClass, and returns the GRO segment size (0 if none).
+func (u *UDP) decodeMeta(i int, p *Packet) (gso int, ok bool) {
+	nm := &u.rx.names[i]
+	port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&nm.Port))[:])
+	switch nm.Family {
+	case unix.AF_INET:
+		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(nm))
+		p.Src = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), port)
+	case unix.AF_INET6:
+		p.Src = netip.AddrPortFrom(netip.AddrFrom16(nm.Addr).Unmap(), port)
+	default:
+		return 0, false
+	}
+	dst := u.local.Addr()
+	h := &u.rx.msgs[i].Hdr
+	c := u.rx.ctrl[i][:min(int(h.Controllen), ctrlLen)]
+	hl := unix.CmsgLen(0)
+	for len(c) >= hl {
+		ch := (*unix.Cmsghdr)(unsafe.Pointer(&c[0]))
+		l := int(ch.Len)
+		if l < hl || l > len(c) {
+			break
+		}
+		data := c[hl:l]
+		switch {
+		case ch.Level == unix.IPPROTO_IP && ch.Type == unix.IP_PKTINFO && len(data) >= 12:
+			dst = netip.AddrFrom4([4]byte(data[8:12]))
+		case ch.Level == unix.IPPROTO_IP && ch.Type == unix.IP_TOS && len(data) >= 1:
+			p.TrafficClass = data[0]
+		case ch.Level == unix.IPPROTO_IPV6 && ch.Type == unix.IPV6_PKTINFO && len(data) >= 16:
+			dst = netip.AddrFrom16([16]byte(data[:16])).Unmap()
+		case ch.Level == unix.IPPROTO_IPV6 && ch.Type == unix.IPV6_TCLASS && len(data) >= 4:
+			p.TrafficClass = uint8(binary.NativeEndian.Uint32(data))
+		case ch.Level == unix.IPPROTO_UDP && ch.Type == unix.UDP_GRO && len(data) >= 4:
+			gso = int(binary.NativeEndian.Uint32(data))
+		case ch.Level == unix.SOL_SOCKET && ch.Type == unix.SO_RXQ_OVFL && len(data) >= 4:
+			v := binary.NativeEndian.Uint32(data)
+			if d := v - u.lastOv; d != 0 && d < 1<<31 {
+				u.ctr.rxQueue.Add(uint64(d))
+			}
+			u.lastOv = v
+		}
+		c = c[min(unix.CmsgSpace(l-hl), len(c)):]
+	}
+	p.Dst = netip.AddrPortFrom(dst, u.local.Port())
+	return gso, dst.IsValid() && !dst.IsUnspecified()
+}

@@ -1,0 +1,25 @@
+//go:build !linux
+
+package link
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+)
+
+// UDPOptions configures ListenUDP (Linux only).
+type UDPOptions struct {
+	BatchSize    int
+	TTL          int
+	SocketBuffer int
+	GRO          bool
+}
+
+// UDP is the UDP link; it is implemented on Linux only.
+type UDP struct{ Link }
+
+// ListenUDP is implemented on Linux only.
+func ListenUDP(ctx context.Context, addr netip.AddrPort, opts UDPOptions) (*UDP, error) {
+	return nil, errors.ErrUnsupported
+}

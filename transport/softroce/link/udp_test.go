@@ -1,0 +1,447 @@
+//go:build linux
+
+package link
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/srpd/srpd/transport/softroce/wire"
+)
+
+var (
+	lo4 = netip.MustParseAddr("127.0.0.1")
+	lo6 = netip.MustParseAddr("::1")
+)
+
+func listen(t testing.TB, a netip.Addr, opts UDPOptions) *UDP {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	u, err := ListenUDP(ctx, netip.AddrPortFrom(a, 0), opts)
+	if err != nil {
+		if a.Is6() && errors.Is(err, unix.EADDRNOTAVAIL) {
+			t.Skip("no IPv6 loopback:", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { u.Close() })
+	return u
+}
+
+// recvN receives until want packets arrived, failing after d.
+func recvN(t testing.TB, l Link, want int, d time.Duration) []Packet {
+	t.Helper()
+	var out []Packet
+	done := make(chan error, 1)
+	go func() {
+		bufs := recvBufs(16)
+		for len(out) < want {
+			n, err := l.Recv(bufs)
+			if err != nil {
+				done <- err
+				return
+			}
+			for _, p := range bufs[:n] {
+				q := p
+				q.Buf = append([]byte(nil), p.Buf...)
+				out = append(out, q)
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(d):
+		l.Close()
+		<-done
+		t.Fatalf("received %d of %d packets", len(out), want)
+	}
+	return out
+}
+
+func TestUDPRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		addr netip.Addr
+		gro  bool
+	}{{"v4", lo4, false}, {"v6", lo6, false}, {"v4-gro", lo4, true}, {"v6-gro", lo6, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := listen(t, tc.addr, UDPOptions{GRO: tc.gro})
+			b := listen(t, tc.addr, UDPOptions{GRO: tc.gro})
+			var pkts []Packet
+			for i := range 100 {
+				p := mkSend(t, b.LocalAddrPort(), uint32(i), (i*41)%4097)
+				p.TrafficClass = uint8(i % 4 * 8)
+				pkts = append(pkts, p)
+			}
+			for i := 0; i < len(pkts); i += 10 {
+				if n, err := a.Send(pkts[i : i+10]); n != 10 || err != nil {
+					t.Fatal(n, err)
+				}
+			}
+			got := recvN(t, b, len(pkts), 10*time.Second)
+			for i, p := range got {
+				if string(p.Buf) != string(pkts[i].Buf) {
+					t.Fatalf("packet %d differs", i)
+				}
+				if p.Src != a.LocalAddrPort() || p.Dst != b.LocalAddrPort() {
+					t.Fatalf("addresses %v -> %v", p.Src, p.Dst)
+				}
+				if p.TrafficClass != pkts[i].TrafficClass {
+					t.Fatalf("tc %d want %d", p.TrafficClass, pkts[i].TrafficClass)
+				}
+			}
+			st := b.Stats()
+			if st.RxPackets != 100 || st.RxICRCDrops != 0 || st.RxMalformedDrops != 0 || a.Stats().TxPackets != 100 {
+				t.Fatalf("%+v %+v", st, a.Stats())
+			}
+		})
+	}
+}
+
+func TestUDPWildcard(t *testing.T) {
+	for _, tc := range []struct{ wild, lo netip.Addr }{{netip.IPv4Unspecified(), lo4}, {netip.IPv6Unspecified(), lo6}} {
+		a := listen(t, tc.wild, UDPOptions{})
+		b := listen(t, tc.wild, UDPOptions{})
+		dst := netip.AddrPortFrom(tc.lo, b.LocalAddrPort().Port())
+		p := mkSend(t, dst, 5, 100)
+		if _, err := a.Send([]Packet{p}); !errors.Is(err, ErrAddress) {
+			t.Fatalf("wildcard send without Src: %v", err)
+		}
+		p.Src = netip.AddrPortFrom(tc.lo, 0)
+		if n, err := a.Send([]Packet{p}); n != 1 || err != nil {
+			t.Fatal(n, err)
+		}
+		got := recvN(t, b, 1, 5*time.Second)
+		if got[0].Dst != dst || got[0].Src.Addr() != tc.lo || got[0].Src.Port() != a.LocalAddrPort().Port() {
+			t.Fatalf("%v -> %v", got[0].Src, got[0].Dst)
+		}
+	}
+}
+
+func TestUDPCloseUnblocks(t *testing.T) {
+	u := listen(t, lo4, UDPOptions{})
+	errc := make(chan error, 1)
+	go func() {
+		_, err := u.Recv(recvBufs(4))
+		errc <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	u.Close()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Recv not unblocked by Close")
+	}
+	if _, err := u.Send([]Packet{mkSend(t, netip.MustParseAddrPort("127.0.0.1:9"), 1, 1)}); !errors.Is(err, net.ErrClosed) {
+		t.Fatal(err)
+	}
+}
+
+func TestUDPSendErrors(t *testing.T) {
+	u := listen(t, lo4, UDPOptions{})
+	ok := mkSend(t, u.LocalAddrPort(), 1, 1)
+	if n, err := u.Send([]Packet{ok, {Dst: u.LocalAddrPort(), Buf: make([]byte, 3)}}); n != 1 || !errors.Is(err, ErrPacketSize) {
+		t.Fatal(n, err)
+	}
+	v6 := ok
+	v6.Dst = netip.MustParseAddrPort("[::1]:4791")
+	if n, err := u.Send([]Packet{v6}); n != 0 || !errors.Is(err, ErrAddress) {
+		t.Fatal(n, err)
+	}
+	if _, err := u.Recv([]Packet{{Buf: make([]byte, 10)}}); !errors.Is(err, ErrBufferTooSmall) {
+		t.Fatal(err)
+	}
+}
+
+// ---- AF_PACKET helpers: capture and inject frames on lo (root only; CI runs as root) ----
+
+type loSock struct {
+	fd      int
+	ifindex int
+}
+
+func openLo(t testing.TB) *loSock {
+	t.Helper()
+	ifi, err := net.InterfaceByName("lo")
+	if err != nil {
+		t.Skip("no lo interface:", err)
+	}
+	proto := int(htons(unix.ETH_P_ALL))
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
+	if err != nil {
+		if errors.Is(err, unix.EPERM) {
+			t.Skip("AF_PACKET needs CAP_NET_RAW (tests run as root in CI):", err)
+		}
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index}); err != nil {
+		unix.Close(fd)
+		t.Fatal(err)
+	}
+	tv := unix.NsecToTimeval((200 * time.Millisecond).Nanoseconds())
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20)
+	s := &loSock{fd: fd, ifindex: ifi.Index}
+	t.Cleanup(func() { unix.Close(fd) })
+	return s
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// capture returns the IP packets (Ethernet header stripped) seen on lo as incoming frames
+// (PACKET_HOST), until want frames matched keep or the deadline passed.
+func (s *loSock) capture(want int, d time.Duration, keep func(ip []byte) bool) [][]byte {
+	var out [][]byte
+	buf := make([]byte, 70000)
+	deadline := time.Now().Add(d)
+	for len(out) < want && time.Now().Before(deadline) {
+		n, from, err := unix.Recvfrom(s.fd, buf, 0)
+		if err != nil {
+			continue // timeout tick
+		}
+		ll, ok := from.(*unix.SockaddrLinklayer)
+		if !ok || ll.Pkttype == unix.PACKET_OUTGOING || n < 14 {
+			continue
+		}
+		ip := buf[14:n]
+		if keep(ip) {
+			out = append(out, append([]byte(nil), ip...))
+		}
+	}
+	return out
+}
+
+// inject sends an IP packet into the local stack as it is. IPv6 goes as an Ethernet frame on lo
+// through the AF_PACKET socket. IPv4 goes through a raw IP_HDRINCL socket, because a frame with a
+// 127/8 source injected on lo is a martian to ip_route_input (net.ipv4.conf.lo.route_localnet=0);
+// the kernel keeps a non-zero ID and the addresses and only rewrites the header checksum.
+func (s *loSock) inject(t testing.TB, ip []byte) {
+	t.Helper()
+	if ip[0]>>4 == 4 {
+		if binary.BigEndian.Uint16(ip[4:]) == 0 {
+			t.Fatal("raw IPv4 injection needs a non-zero ID")
+		}
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		if err := unix.Sendto(fd, ip, 0, &unix.SockaddrInet4{Addr: [4]byte(ip[16:20])}); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	et := uint16(0x0800)
+	if ip[0]>>4 == 6 {
+		et = 0x86DD
+	}
+	frame := make([]byte, 14+len(ip))
+	binary.BigEndian.PutUint16(frame[12:], et)
+	copy(frame[14:], ip)
+	if err := unix.Sendto(s.fd, frame, 0, &unix.SockaddrLinklayer{Ifindex: s.ifindex, Protocol: htons(et)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func udpTo(ip []byte, port uint16) bool {
+	switch ip[0] >> 4 {
+	case 4:
+		return len(ip) >= 28 && ip[9] == 17 && binary.BigEndian.Uint16(ip[22:]) == port
+	case 6:
+		return len(ip) >= 48 && ip[6] == 17 && binary.BigEndian.Uint16(ip[42:]) == port
+	}
+	return false
+}
+
+// TestLoopbackCaptureICRC proves the UDP link's assumption about the IP header the kernel
+// writes: it captures what the link sends off lo and checks every frame's ICRC against the
+// real header bytes, plus ID 0 / DF / TTL / TOS for IPv4.
+func TestLoopbackCaptureICRC(t *testing.T) {
+	for _, fam := range []netip.Addr{lo4, lo6} {
+		t.Run(fam.String(), func(t *testing.T) {
+			cap := openLo(t)
+			a := listen(t, fam, UDPOptions{})
+			b := listen(t, fam, UDPOptions{})
+			const N = 64
+			var pkts []Packet
+			ops := []wire.Opcode{wire.RCSendOnly, wire.RCRDMAWriteOnly, wire.RCAcknowledge, wire.UDSendOnly, wire.RCRDMAReadResponseMiddle}
+			for i := range N {
+				op := ops[i%len(ops)]
+				n := (i * 97) % 4097
+				if !op.Is(wire.HasPayload) {
+					n = 0
+				}
+				if op == wire.UDSendOnly {
+					n = wire.MADLen
+				}
+				pk, err := wire.Layout(make([]byte, MaxPacket), op, n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pk.BTH().SetPSN(wire.PSN(i))
+				pk.BTH().SetDestQP(0x11)
+				for j := range pk.Payload() {
+					pk.Payload()[j] = byte(j * i)
+				}
+				pkts = append(pkts, Packet{Dst: b.LocalAddrPort(), TrafficClass: uint8(i % 8 * 4), Buf: pk.Bytes()})
+			}
+			done := make(chan [][]byte)
+			go func() {
+				done <- cap.capture(N, 10*time.Second, func(ip []byte) bool { return udpTo(ip, b.LocalAddrPort().Port()) })
+			}()
+			time.Sleep(20 * time.Millisecond)
+			for i := 0; i < N; i += 16 {
+				if n, err := a.Send(pkts[i : i+16]); n != 16 || err != nil {
+					t.Fatal(n, err)
+				}
+			}
+			frames := <-done
+			if len(frames) != N {
+				t.Fatalf("captured %d of %d frames", len(frames), N)
+			}
+			recvN(t, b, N, 5*time.Second)
+			verified := 0
+			for _, ip := range frames {
+				e, hl, plen, err := wire.ParseEncap(ip)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pkt := ip[hl : hl+plen]
+				psn := wire.BTH(pkt).PSN()
+				sent := pkts[psn]
+				got, err := wire.ICRCFromHeaders(ip[:hl-8], ip[hl-8:hl], pkt)
+				if err != nil || got != binary.LittleEndian.Uint32(pkt[len(pkt)-4:]) {
+					t.Fatalf("PSN %d: ICRC of captured frame does not match its header (%v)", psn, err)
+				}
+				if string(pkt) != string(sent.Buf) {
+					t.Fatalf("PSN %d: captured bytes differ from sent", psn)
+				}
+				if e.TrafficClass != sent.TrafficClass {
+					t.Fatalf("PSN %d: TOS %d want %d", psn, e.TrafficClass, sent.TrafficClass)
+				}
+				if e.HopLimit != 64 {
+					t.Fatalf("TTL/hop limit %d", e.HopLimit)
+				}
+				if fam.Is4() && (e.IPv4ID != 0 || e.IPv4NoDF) {
+					t.Fatalf("IPv4 ID %#x DF %v: kernel did not send ID 0 with DF", e.IPv4ID, !e.IPv4NoDF)
+				}
+				verified++
+			}
+			t.Logf("%s: %d frames captured off lo, %d ICRCs verified against the real IP header", fam, len(frames), verified)
+		})
+	}
+}
+
+// rxeFrame builds an IP packet the way kernel rxe does: IPv4 with a random ID, DF and UDP
+// checksum 0, or IPv6 with UDP checksum 0; the ICRC covers that exact header.
+func rxeFrame(t testing.TB, src, dst netip.AddrPort, id uint16, psn uint32, n int) []byte {
+	t.Helper()
+	p := mkSend(t, dst, psn, n)
+	e := wire.Encap{Src: src, Dst: dst, IPv4ID: id, HopLimit: 64}
+	e.PutICRC(p.Buf)
+	ip := make([]byte, e.HeaderLen()+len(p.Buf))
+	if _, err := e.PutHeaders(ip, p.Buf); err != nil {
+		t.Fatal(err)
+	}
+	copy(ip[e.HeaderLen():], p.Buf)
+	return ip
+}
+
+// TestUDPAcceptsRxeFrames injects rxe-style frames on lo: IPv4 with varying IDs (recovered from
+// the ICRC) and IPv6 with a zero UDP checksum (UDP_NO_CHECK6_RX); corrupted ones are dropped and
+// counted.
+func TestUDPAcceptsRxeFrames(t *testing.T) {
+	for _, fam := range []netip.Addr{lo4, lo6} {
+		t.Run(fam.String(), func(t *testing.T) {
+			inj := openLo(t)
+			b := listen(t, fam, UDPOptions{})
+			src := netip.AddrPortFrom(fam, 0xC123)
+			const N = 40
+			for i := range N {
+				ip := rxeFrame(t, src, b.LocalAddrPort(), uint16(0x9E37*i+11)|1, uint32(i), i*13)
+				if i%4 == 3 { // corrupt one payload/header byte after the ICRC was computed
+					ip[len(ip)-5-i%7] ^= 0x20
+				}
+				inj.inject(t, ip)
+			}
+			want := N - N/4
+			got := recvN(t, b, want, 10*time.Second)
+			for _, p := range got {
+				if wire.BTH(p.Buf).PSN()%4 == 3 {
+					t.Fatal("corrupted packet accepted")
+				}
+				if p.Src != src {
+					t.Fatal(p.Src)
+				}
+			}
+			deadline := time.Now().Add(2 * time.Second)
+			for b.Stats().RxICRCDrops < N/4 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if st := b.Stats(); st.RxICRCDrops != N/4 || st.RxPackets != uint64(want) {
+				t.Fatalf("%+v", st)
+			}
+		})
+	}
+}
+
+// TestUDPGROSplit sends UDP GSO super-packets (UDP_SEGMENT) from a plain socket over lo to a
+// GRO-enabled link: lo delivers them unsegmented with a gso_size cmsg, and the link must split
+// them and verify every segment.
+func TestUDPGROSplit(t *testing.T) {
+	b := listen(t, lo4, UDPOptions{GRO: true})
+	if !b.GRO() {
+		t.Skip("kernel without UDP_GRO")
+	}
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	src := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	const segs, payload = 8, 1024
+	var all []byte
+	for i := range segs {
+		p := mkSend(t, b.LocalAddrPort(), uint32(i), payload)
+		e := wire.Encap{Src: src, Dst: b.LocalAddrPort(), IPv4ID: uint16(i * 7)} // any ID: recovered
+		e.PutICRC(p.Buf)
+		all = append(all, p.Buf...)
+	}
+	segLen := len(all) / segs
+	oob := make([]byte, unix.CmsgSpace(2))
+	h := (*unix.Cmsghdr)(unsafePointer(&oob[0]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+	h.SetLen(unix.CmsgLen(2))
+	binary.NativeEndian.PutUint16(oob[unix.CmsgLen(0):], uint16(segLen))
+	if _, _, err := c.WriteMsgUDPAddrPort(all, oob, b.LocalAddrPort()); err != nil {
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOPROTOOPT) || os.IsPermission(err) {
+			t.Skip("no UDP_SEGMENT:", err)
+		}
+		t.Fatal(err)
+	}
+	got := recvN(t, b, segs, 5*time.Second)
+	for i, p := range got {
+		if wire.BTH(p.Buf).PSN() != wire.PSN(i) || len(p.Buf) != segLen {
+			t.Fatalf("segment %d: psn %d len %d", i, wire.BTH(p.Buf).PSN(), len(p.Buf))
+		}
+	}
+	if st := b.Stats(); st.RxPackets != segs || st.RxICRCDrops != 0 {
+		t.Fatalf("%+v", st)
+	}
+}

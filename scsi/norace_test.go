@@ -1,0 +1,5 @@
+//go:build !race
+
+package scsi
+
+const raceEnabled = false

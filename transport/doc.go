@@ -1,0 +1,47 @@
+// Package transport is srpd's verbs-style RDMA API: devices, protection domains, memory
+// regions, completion queues and reliable-connected queue pairs, with work requests and
+// completions that keep InfiniBand verbs semantics (and IB numeric values) so that the pure-Go
+// engine (transport/softroce) and a libibverbs engine (transport/verbs, build tag `verbs`) can
+// implement the same interfaces and code above them (frpool, target, initiator) behaves the same
+// on both.
+//
+// # Object model
+//
+//	Device ─┬─ Memory      off-heap, page-aligned buffers with device ("DMA") addresses
+//	        ├─ CQ          completion queue: Poll, Notify, Wait
+//	        └─ PD ─┬─ MR   regular MRs over registered memory; fast-reg MRs (REG_MR/LOCAL_INV)
+//	               └─ QP   RC queue pair: Modify (RESET→INIT→RTR→RTS[↔SQD], →ERR, →RESET),
+//	                       PostSend, PostRecv
+//
+// Everything is expressed in device addresses, exactly as verbs uses DMA/virtual addresses: an
+// SGE is (Addr, Length, LKey), a REG_MR work request carries a list of page addresses and an
+// IOVA, and Memory.Addr gives the device address of a buffer's first byte. An engine only ever
+// touches memory it allocated itself; an address outside its memory map is a local protection
+// error (or, from the wire, a remote access error), never an access to the Go heap.
+//
+// # Memory keys
+//
+// lkey = rkey = MR index << 8 | key byte. Index 0 is never used, so key 0 is always invalid.
+// A fast-registration MR starts FREE. A REG_MR work request carries its own page list, IOVA,
+// length, access and the full new key; nothing about the MR changes until that work request
+// executes in send-queue order. The key "in force" (what the responder checks, and what LOCAL_INV
+// must name) is kept by the engine and is distinct from whatever key software has chosen for the
+// next registration; MR.Query reports the engine's view.
+//
+// # Send-queue contract
+//
+// Work requests on one SQ execute in order; a completion for WR n implies that every WR before n
+// on that SQ has completed. PostSend and PostRecv are all-or-nothing: either every WR in the slice
+// is posted or none is, and the returned error says why (ErrSQFull/ErrRQFull, or a validation
+// error) and which WR (*PostError). SendQueueFree reports how many WRs fit right now.
+// Posting does not allocate: work requests are value structs passed as a slice, and engines copy
+// what they need (SGEs, inline data) into preallocated queue slots. The page list of a REG_MR WR
+// is the exception: the engine keeps a reference to the caller's slice and copies it when the WR
+// executes, so the caller must not modify it until the WR (or a later one on the SQ) completes.
+//
+// # Connection management
+//
+// Not in this package yet. A QP gets its address vector, destination QPN and PSNs from the
+// caller through Modify, the way ibv_rc_pingpong exchanges them out of band; the CM (Listen,
+// Dial, Accept, Reject over QP1 MADs) will be layered on top of this API.
+package transport

@@ -1,0 +1,394 @@
+package cm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/srpd/srpd/transport"
+)
+
+func seedCorpus(f *testing.F) {
+	for _, p := range []string{pcapLogin, pcapReject} {
+		for _, c := range loadMADs(f, p) {
+			f.Add(c.mad)
+		}
+	}
+	f.Add([]byte{})
+	f.Add(make([]byte, 255))
+	f.Add(make([]byte, 300))
+}
+
+// FuzzParse: the codecs never panic, and decode → encode → decode is stable.
+func FuzzParse(f *testing.F) {
+	seedCorpus(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := Check(b)
+		for _, p := range []func([]byte) error{
+			func(b []byte) error { _, err := ParseREQ(b); return err },
+			func(b []byte) error { _, err := ParseREP(b); return err },
+			func(b []byte) error { _, err := ParseRTU(b); return err },
+			func(b []byte) error { _, err := ParseREJ(b); return err },
+			func(b []byte) error { _, err := ParseMRA(b); return err },
+			func(b []byte) error { _, err := ParseDREQ(b); return err },
+			func(b []byte) error { _, err := ParseDREP(b); return err },
+			func(b []byte) error { _, err := ParseLAP(b); return err },
+			func(b []byte) error { _, err := ParseAPR(b); return err },
+			func(b []byte) error { _, err := ParseSIDRREQ(b); return err },
+			func(b []byte) error { _, err := ParseSIDRREP(b); return err },
+		} {
+			if e := p(b); e != nil && err == nil && e != ErrWrongAttribute {
+				t.Fatalf("typed parse %v but Check ok", e)
+			}
+		}
+		if len(b) >= CMAHeaderLen {
+			if h, err := ParseCMAHeader(b); err == nil {
+				_, _, _ = h.SrcAddr(), h.DstAddr(), h.SrcPort()
+			}
+		}
+		_, _, _ = ParseServiceID(binary.BigEndian.Uint64(append(bytes.Clone(b), make([]byte, 8)...)))
+		if err != nil {
+			return
+		}
+		out := make([]byte, MADLen)
+		copy(out, m[:HeaderLen])
+		switch m.AttributeID() {
+		case AttrREQ:
+			f := REQ(m).Fields()
+			REQ(out).Encode(&f)
+			if REQ(out).Fields() != f {
+				t.Fatal("REQ round trip")
+			}
+			_ = REQ(m).PrimaryPath().LocalAddr()
+			_ = REQ(m).HasAlternatePath()
+		case AttrREP:
+			f := REP(m).Fields()
+			REP(out).Encode(&f)
+			if REP(out).Fields() != f {
+				t.Fatal("REP round trip")
+			}
+		case AttrREJ:
+			f := REJ(m).Fields()
+			REJ(out).Encode(&f)
+			if REJ(out).Fields() != f {
+				t.Fatal("REJ round trip")
+			}
+			_ = REJ(m).ARI()
+		case AttrMRA:
+			f := MRA(m).Fields()
+			MRA(out).Encode(&f)
+			if MRA(out).Fields() != f {
+				t.Fatal("MRA round trip")
+			}
+		case AttrDREQ:
+			f := DREQ(m).Fields()
+			DREQ(out).Encode(&f)
+			if DREQ(out).Fields() != f {
+				t.Fatal("DREQ round trip")
+			}
+		case AttrRTU:
+			f := RTU(m).Fields()
+			RTU(out).Encode(&f)
+			if !bytes.Equal(out, m) {
+				t.Fatal("RTU round trip")
+			}
+		case AttrDREP:
+			f := DREP(m).Fields()
+			DREP(out).Encode(&f)
+			if !bytes.Equal(out, m) {
+				t.Fatal("DREP round trip")
+			}
+		}
+	})
+}
+
+// fuzzWorld is a Manager with a listener, one established connection (made through a peer
+// Manager) and a record of its events, for feeding arbitrary MAD/API sequences.
+type fuzzWorld struct {
+	t        *testing.T
+	m        *Manager
+	out      Outputs
+	now      time.Duration
+	ids      []uint32 // comm IDs worth aiming at (ours and the peer's)
+	qpns     []uint32
+	events   []Event
+	released map[ConnID]bool
+	est      ConnID // the established connection
+	peerID   uint32 // its peer's comm ID
+}
+
+func (w *fuzzWorld) collect() {
+	for _, e := range w.out.Events {
+		w.events = append(w.events, Event{Kind: e.Kind, Conn: e.Conn, Reason: e.Reason})
+		if e.Kind == EventRequest {
+			w.ids = append(w.ids, uint32(e.Conn))
+			if ci, ok := w.m.Conn(e.Conn); ok {
+				w.ids = append(w.ids, ci.RemoteCommID)
+			}
+		}
+	}
+	for i := range w.out.MADs {
+		if _, err := Check(w.out.MADs[i].MAD[:]); err != nil {
+			w.t.Fatalf("produced an invalid MAD: %v", err)
+		}
+	}
+	w.out.Reset()
+	w.checkNoStuck()
+}
+
+// checkNoStuck: every connection that is not established has a timer (so it is released
+// eventually without outside help), and the heap is consistent.
+func (w *fuzzWorld) checkNoStuck() {
+	for id, c := range w.m.conns {
+		if c.id != id || c.state == StateIdle {
+			w.t.Fatalf("conn table corrupt: %#x %v", id, c.state)
+		}
+		if c.state != StateEstablished && c.heapIdx < 0 {
+			w.t.Fatalf("conn %#x in %v without a timer", id, c.state)
+		}
+		if c.heapIdx >= 0 && w.m.timers.items[c.heapIdx] != c {
+			w.t.Fatal("timer heap index corrupt")
+		}
+	}
+	for i, c := range w.m.timers.items {
+		if c.heapIdx != i || w.m.conns[c.id] != c {
+			w.t.Fatal("timer heap holds a released connection")
+		}
+		if i > 0 && w.m.timers.less(i, (i-1)/2) {
+			w.t.Fatal("heap order")
+		}
+	}
+}
+
+var (
+	fzLocal  = netip.MustParseAddr("10.0.0.1")
+	fzRemote = netip.MustParseAddr("10.0.0.2")
+)
+
+func newFuzzWorld(t *testing.T) *fuzzWorld {
+	mk := func(guid uint64, seed uint64) *Manager {
+		m, err := NewManager(Config{GUID: guid, Rand: rand.NewPCG(seed, seed)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	w := &fuzzWorld{t: t, m: mk(0x1111, 1), released: map[ConnID]bool{}}
+	if err := w.m.Listen(netip.Addr{}, 5555); err != nil {
+		t.Fatal(err)
+	}
+	// Establish one connection from a peer, by hand.
+	peer := mk(0x2222, 2)
+	var po Outputs
+	pid, err := peer.Dial(0, &DialParams{LocalAddr: fzRemote, RemoteAddr: fzLocal, DstPort: 5555, QPN: 0x77}, &po)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.m.HandleMAD(0, fzRemote, fzLocal, po.MADs[0].MAD[:], &w.out); err != nil {
+		t.Fatal(err)
+	}
+	id := w.out.Events[0].Conn
+	w.collect()
+	if err := w.m.Accept(0, id, &AcceptParams{QPN: 0x88}, &w.out); err != nil {
+		t.Fatal(err)
+	}
+	rep := w.out.MADs[0].MAD
+	w.collect()
+	po.Reset()
+	if err := peer.HandleMAD(0, fzLocal, fzRemote, rep[:], &po); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.m.HandleMAD(0, fzRemote, fzLocal, po.MADs[0].MAD[:], &w.out); err != nil {
+		t.Fatal(err)
+	}
+	w.collect()
+	w.ids = append(w.ids, uint32(pid))
+	w.est, w.peerID = id, uint32(pid)
+	w.qpns = []uint32{0x77, 0x88}
+	return w
+}
+
+// FuzzManager feeds a Manager arbitrary sequences of MADs (valid headers, fields from the
+// fuzzer, comm IDs and QPNs often aimed at live connections), API calls and time steps.
+// Properties: no panic; only valid MADs produced; no connection without a way out (non-
+// established connections always have a timer); at most one ESTABLISHED and DISCONNECTED per
+// connection life and nothing after its final event; after destroying everything and letting
+// the timers run out, nothing is left.
+func FuzzManager(f *testing.F) {
+	f.Add([]byte{0, 0, 1, 2, 3, 4, 5, 6, 7, 8})
+	f.Add([]byte{5, 1, 0, 5, 2, 6, 0, 7, 3, 2, 1, 0, 0, 0, 0, 9, 9, 9})
+	f.Add(bytes.Repeat([]byte{0x15, 0x01, 0x00, 0x02}, 20))
+	for _, c := range loadMADs(f, pcapLogin) {
+		f.Add(append([]byte{0}, c.mad[24:80]...))
+	}
+	f.Fuzz(fuzzManagerBody)
+}
+
+func fuzzManagerBody(t *testing.T, data []byte) {
+	{
+		w := newFuzzWorld(t)
+		attrs := []uint16{AttrREQ, AttrMRA, AttrREJ, AttrREP, AttrRTU, AttrDREQ, AttrDREP, AttrSIDRREQ, AttrSIDRREP, AttrLAP, AttrAPR}
+		rd := bytes.NewReader(data)
+		next := func() byte { b, _ := rd.ReadByte(); return b }
+		pick := func(b byte) uint32 {
+			if int(b) < len(w.ids)*8 {
+				return w.ids[int(b)%len(w.ids)]
+			}
+			return uint32(b) * 0x01010101
+		}
+		var buf [MADLen]byte
+		for rd.Len() > 0 {
+			op := next()
+			switch op % 8 {
+			case 0, 1, 2, 3: // a MAD
+				attr := attrs[int(next())%len(attrs)]
+				InitMAD(buf[:], attr, uint64(next()))
+				n, _ := rd.Read(buf[24 : 24+int(next())%(MADLen-24)])
+				_ = n
+				commIDs(buf[:]).SetLocalCommID(pick(next()))
+				commIDs(buf[:]).SetRemoteCommID(pick(next()))
+				switch attr {
+				case AttrREQ:
+					r := REQ(buf[:])
+					if next()&1 == 0 {
+						r.SetServiceID(ServiceID(PortSpaceTCP, 5555))
+						CMAHeader(r.PrivateData()).Encode(fzRemote, 1, fzLocal)
+					}
+					r.SetLocalQPN(w.qpns[int(next())%len(w.qpns)])
+					r.SetLocalCAGUID(uint64(0x2222 + int(next()%2)))
+				case AttrREP:
+					REP(buf[:]).SetLocalCAGUID(0x2222)
+				case AttrDREQ:
+					DREQ(buf[:]).SetRemoteQPN(w.qpns[int(next())%len(w.qpns)])
+				case AttrREJ:
+					if next()&1 == 0 {
+						putBE64(REJ(buf[:]).ARIField(), 0x2222)
+					}
+				}
+				src := fzRemote
+				if next()&7 == 0 {
+					src = netip.MustParseAddr("10.0.0.9")
+				}
+				if err := w.m.HandleMAD(w.now, src, fzLocal, buf[:], &w.out); err != nil {
+					t.Fatalf("valid-header MAD refused: %v", err)
+				}
+			case 4: // raw garbage
+				n := int(next())
+				b := make([]byte, n)
+				_, _ = rd.Read(b)
+				_ = w.m.HandleMAD(w.now, fzRemote, fzLocal, b, &w.out)
+			case 5: // time passes
+				w.now += time.Duration(next()) * time.Duration(next()) * 10 * time.Millisecond
+				w.m.Expire(w.now, &w.out)
+			case 6: // an API call on some connection
+				id := ConnID(pick(next()))
+				switch next() % 7 {
+				case 0:
+					_ = w.m.Accept(w.now, id, &AcceptParams{QPN: uint32(next()) + 2}, &w.out)
+				case 1:
+					_ = w.m.Reject(w.now, id, transport.RejectReason(next()), nil, &w.out)
+				case 2:
+					_ = w.m.MRA(w.now, id, next(), nil, &w.out)
+				case 3:
+					_ = w.m.Disconnect(w.now, id, nil, &w.out)
+				case 4:
+					_ = w.m.Destroy(w.now, id, &w.out)
+				case 5:
+					_ = w.m.CommEstablished(w.now, id, &w.out)
+				case 6:
+					if id, err := w.m.Dial(w.now, &DialParams{LocalAddr: fzLocal, RemoteAddr: fzRemote, DstPort: 5555, QPN: uint32(next()) + 2}, &w.out); err == nil {
+						w.ids = append(w.ids, uint32(id))
+					}
+				}
+			case 7:
+				_ = w.m.Listen(netip.Addr{}, uint16(next()))
+			}
+			w.collect()
+		}
+		// Invariants over the event history.
+		type life struct{ est, disc, done bool }
+		lives := map[ConnID]*life{}
+		for _, e := range w.events {
+			l := lives[e.Conn]
+			if l == nil || (l.done && e.Kind == EventRequest) {
+				l = &life{}
+				lives[e.Conn] = l
+			}
+			if l.done {
+				t.Fatalf("event %v for %#x after its final event", e.Kind, e.Conn)
+			}
+			switch e.Kind {
+			case EventEstablished:
+				if l.est || l.disc {
+					t.Fatalf("%#x: ESTABLISHED twice or after DISCONNECTED", e.Conn)
+				}
+				l.est = true
+			case EventDisconnected:
+				if l.disc {
+					t.Fatalf("%#x: DISCONNECTED twice", e.Conn)
+				}
+				l.disc = true
+			case EventTimewaitExit, EventUnreachable:
+				l.done = true
+			case EventRejected:
+				l.done = e.Reason != transport.RejectStaleConn
+			}
+		}
+		// Everything is released once destroyed and timers run out.
+		for id := range w.m.conns {
+			_ = w.m.Destroy(w.now, id, &w.out)
+		}
+		w.collect()
+		w.m.Expire(w.now+100*time.Hour, &w.out)
+		w.collect()
+		if w.m.NumConns() != 0 || len(w.m.byRemoteID) != 0 || len(w.m.byRemoteQPN) != 0 {
+			t.Fatalf("left: %d conns, %d/%d index entries", w.m.NumConns(), len(w.m.byRemoteID), len(w.m.byRemoteQPN))
+		}
+		if _, ok := w.m.NextDeadline(); ok {
+			t.Fatal("timer left")
+		}
+	}
+}
+
+// TestSteadyStateAllocations: answering MADs of established connections does not allocate.
+func TestSteadyStateAllocations(t *testing.T) {
+	w := newFuzzWorld(t)
+	id, pid := w.est, w.peerID
+	if ci, ok := w.m.Conn(id); !ok || ci.State != StateEstablished || ci.RemoteCommID != pid {
+		t.Fatalf("fixture: %+v", ci)
+	}
+	// A duplicate RTU (dropped), a DREQ for an unknown connection (DREP), a LAP (APR), a
+	// SIDR_REQ (SIDR_REP) and a duplicate REQ-while-established (dropped).
+	var rtu, dreq, lap, sidr [MADLen]byte
+	InitMAD(rtu[:], AttrRTU, 1)
+	RTU(rtu[:]).SetLocalCommID(pid)
+	RTU(rtu[:]).SetRemoteCommID(uint32(id))
+	InitMAD(dreq[:], AttrDREQ, 2)
+	DREQ(dreq[:]).SetLocalCommID(99)
+	DREQ(dreq[:]).SetRemoteCommID(98)
+	InitMAD(lap[:], AttrLAP, 3)
+	commIDs(lap[:]).SetLocalCommID(pid)
+	commIDs(lap[:]).SetRemoteCommID(uint32(id))
+	InitMAD(sidr[:], AttrSIDRREQ, 4)
+	var out Outputs
+	run := func() {
+		out.Reset()
+		for _, b := range [][]byte{rtu[:], dreq[:], lap[:], sidr[:]} {
+			if err := w.m.HandleMAD(5, fzRemote, fzLocal, b, &out); err != nil {
+				t.Fatal(err)
+			}
+		}
+		w.m.Expire(6, &out)
+		_, _ = w.m.NextDeadline()
+	}
+	run()
+	if len(out.MADs) != 3 {
+		t.Fatalf("%d answers", len(out.MADs))
+	}
+	if n := testing.AllocsPerRun(100, run); n != 0 {
+		t.Errorf("%v allocations per round of MADs", n)
+	}
+}

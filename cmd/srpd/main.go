@@ -1,0 +1,69 @@
+// Command srpd is the srpd daemon: SRP targets and initiator sessions over RoCEv2.
+//
+// Until the daemon proper lands (config-driven targets and sessions, control socket, systemd
+// integration), `srpd demo` runs the data path end to end on the embedded default transport.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/srpd/srpd/transport"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] != "demo" {
+		fmt.Fprintln(stderr, "usage: srpd demo [flags]    (run `srpd demo -h` for the flags)")
+		fmt.Fprintln(stderr, "The config-driven daemon (srpd -c /etc/srpd/srpd.yaml) is not built yet.")
+		return 2
+	}
+	fs := flag.NewFlagSet("srpd demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1", "loopback address both softroce devices bind (UDP, ephemeral ports)")
+	size := fs.Int64("lun-mib", 64, "size of the RAM-backed LUN in MiB")
+	ios := fs.Int("ios", 200, "number of WRITE+READ pairs")
+	maxIO := fs.Int("max-io-kib", 1024, "largest I/O in KiB")
+	mtu := fs.Int("mtu", 4096, "path MTU: 256, 512, 1024, 2048 or 4096")
+	timeout := fs.Duration("timeout", 2*time.Minute, "give up after this long")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	a, err := netip.ParseAddr(*addr)
+	m := transport.MTUFromBytes(*mtu)
+	switch {
+	case err != nil:
+		fmt.Fprintf(stderr, "srpd demo: -addr: %v\n", err)
+		return 2
+	case !a.IsLoopback():
+		fmt.Fprintf(stderr, "srpd demo: -addr %v: the demo runs on loopback only\n", a)
+		return 2
+	case m == 0 || m.Bytes() != *mtu:
+		fmt.Fprintf(stderr, "srpd demo: -mtu %d: not an IB MTU\n", *mtu)
+		return 2
+	case *size < 1 || *ios < 1 || *maxIO < 1 || int64(*maxIO) > *size<<10:
+		fmt.Fprintln(stderr, "srpd demo: -lun-mib, -ios and -max-io-kib must be positive, and the I/O must fit the LUN")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	err = runDemo(ctx, stdout, demoConfig{addr: a, lunSize: *size << 20, ios: *ios, maxIO: *maxIO << 10, mtu: m})
+	if err != nil {
+		fmt.Fprintf(stderr, "srpd demo: %v\n", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, "PASS")
+	return 0
+}

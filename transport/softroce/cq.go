@@ -1,0 +1,99 @@
+package softroce
+
+import (
+	"context"
+	"sync"
+
+	"github.com/srpd/srpd/transport"
+)
+
+// cq implements transport.CQ: a fixed ring of WCs. Engine code pushes under dev.mu then cq.mu
+// (lock order dev.mu → cq.mu); Poll takes only cq.mu.
+type cq struct {
+	dev    *Device
+	mu     sync.Mutex
+	ring   []transport.WC
+	head   int
+	n      int
+	notify chan struct{}
+	closed bool
+	users  int // QPs (dev.mu)
+}
+
+func (c *cq) Cap() int                { return len(c.ring) }
+func (c *cq) Notify() <-chan struct{} { return c.notify }
+
+func (c *cq) Poll(wcs []transport.WC) int {
+	c.mu.Lock()
+	k := 0
+	for k < len(wcs) && c.n > 0 {
+		wcs[k] = c.ring[c.head]
+		c.head++
+		if c.head == len(c.ring) {
+			c.head = 0
+		}
+		c.n--
+		k++
+	}
+	c.mu.Unlock()
+	return k
+}
+
+// push queues a WC; false if the CQ is full (overrun) or closed.
+func (c *cq) push(wc *transport.WC) bool {
+	c.mu.Lock()
+	if c.n == len(c.ring) || c.closed {
+		c.mu.Unlock()
+		return false
+	}
+	i := c.head + c.n
+	if i >= len(c.ring) {
+		i -= len(c.ring)
+	}
+	c.ring[i] = *wc
+	c.n++
+	c.mu.Unlock()
+	select {
+	case c.notify <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+func (c *cq) Wait(ctx context.Context) error {
+	for {
+		c.mu.Lock()
+		n, closed := c.n, c.closed
+		c.mu.Unlock()
+		if n > 0 {
+			return nil
+		}
+		if closed {
+			return transport.ErrClosed
+		}
+		select {
+		case <-c.notify:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (c *cq) Close() error {
+	c.dev.mu.Lock()
+	defer c.dev.mu.Unlock()
+	if c.users > 0 {
+		return transport.ErrBusy
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return transport.ErrClosed
+	}
+	c.closed = true
+	select {
+	case c.notify <- struct{}{}:
+	default:
+	}
+	return nil
+}

@@ -1,0 +1,598 @@
+// Package softroce is a pure-Go RoCEv2 RC engine implementing the transport API over a
+// link.Link (UDP by default, an in-memory pipe in tests).
+//
+// Per QP, the engine follows the split of the Linux soft-RoCE driver rdma_rxe so that behaviour
+// can be compared line of thought by line of thought: the requester (req.go, after rxe_req.c)
+// turns send WRs into packets, the completer (comp.go, after rxe_comp.c) matches ACKs and read
+// responses to WRs and drives go-back-N retries, and the responder (resp.go, after rxe_resp.c)
+// checks and executes inbound requests and generates ACKs, NAKs and read responses.
+//
+// Concurrency: a device runs exactly two goroutines: a receive loop (link.Recv, then responder
+// and completer for each packet) and a transmit loop (requester, read-response streaming, the
+// retransmit and RNR timers). All protocol state is guarded by one device mutex; link I/O
+// happens outside it. Packet buffers, queue rings and the CQ are preallocated, so the steady
+// state does not allocate per packet or per work request.
+//
+// Not implemented: atomics (compare-swap, fetch-add, ATOMIC_WRITE and FLUSH requests are NAKed
+// with "invalid request", and atomic WRs are refused at post time), UD/UC QPs, SRQs, memory
+// windows, alternate paths, and connection management (next step, over QP1).
+//
+// Deviations from rxe, on purpose: a failed remote invalidate (SEND_WITH_INV naming a key
+// that is not in force) is answered with NAK invalid request (rxe sends a positive ACK and
+// then stalls); READ responses are streamed by the transmit loop, so a later WRITE or SEND on
+// the same QP may execute before the earlier READ's responses have all been read from memory
+// (rxe executes strictly in order); CNPs (opcode 0x81) are accepted and counted (rxe drops
+// them).
+package softroce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/srpd/srpd/transport"
+	"github.com/srpd/srpd/transport/softroce/link"
+	"github.com/srpd/srpd/transport/softroce/wire"
+)
+
+// Config configures a device.
+type Config struct {
+	// Name is the device name (default "softroce0").
+	Name string
+	// Link carries the packets; required. The device closes it on Close.
+	Link link.Link
+	// Addrs are the device's addresses (its GIDs, in order). Default: the link's local address
+	// and port (LocalAddrPort, if the link has it).
+	Addrs []netip.AddrPort
+	// Logger receives the device's logs (nil: none).
+	Logger *zap.Logger
+	// Limits; zero values select the defaults shown.
+	MaxQP      int // 1024
+	MaxMR      int // 65536
+	MaxMRPages int // 512 pages per fast-reg MR
+	MaxQPWR    int // 16384
+	MaxSGE     int // 32
+	MaxInline  int // 256
+	MaxCQE     int // 1 << 20
+	MaxRdAtom  int // 128 (max_qp_rd_atom and max_qp_init_rd_atom)
+}
+
+// Device implements transport.Device.
+type Device struct {
+	name  string
+	log   *zap.Logger
+	debug bool
+	lnk   link.Link
+	attr  transport.DeviceAttr
+	addrs []netip.AddrPort
+	gids  []transport.GID
+	port  uint16
+
+	mu sync.Mutex
+	// sendMu orders link sends as packets were built: a goroutine takes it before releasing mu
+	// and holds it until its Send returns, so a later-built packet never overtakes.
+	sendMu  sync.Mutex
+	closing bool // no new posts
+	closed  bool
+	mem     memMap
+	mrs     []*mr // index → MR; [0] always nil
+	freeMR  []uint32
+	qps     map[uint32]*qp
+	nextQPN uint32
+	npd     int
+	ncq     int
+	// transmit scheduling
+	ready    []*qp // QPs with requester or read-response work
+	touched  []*qp // QPs with control packets pending at the end of an rx batch
+	deadline time.Time
+	kick     chan struct{}
+	done     chan struct{}
+	wg       sync.WaitGroup
+
+	stats counters
+}
+
+const (
+	defaultName = "softroce0"
+	// bufSize is the capacity of every packet buffer.
+	bufSize = link.MaxPacket
+)
+
+// Open creates a device over cfg.Link and starts its two goroutines.
+func Open(cfg Config) (*Device, error) {
+	if cfg.Link == nil {
+		return nil, fmt.Errorf("softroce: no link: %w", transport.ErrInvalidArgument)
+	}
+	def := func(v, d int) int {
+		if v <= 0 {
+			return d
+		}
+		return v
+	}
+	d := &Device{
+		name:    cfg.Name,
+		log:     cfg.Logger,
+		lnk:     cfg.Link,
+		qps:     make(map[uint32]*qp),
+		nextQPN: 0x11,
+		kick:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		mrs:     make([]*mr, 1, 64),
+	}
+	if d.name == "" {
+		d.name = defaultName
+	}
+	if d.log == nil {
+		d.log = zap.NewNop()
+	}
+	d.log = d.log.With(zap.String("device", d.name))
+	d.debug = d.log.Core().Enabled(zapcore.DebugLevel)
+	rd := def(cfg.MaxRdAtom, 128)
+	d.attr = transport.DeviceAttr{
+		PageSize:        pageSize,
+		PageSizeCap:     ^uint64(pageSize - 1), // any power of two ≥ 4096
+		MaxMRSize:       1 << 40,
+		MaxMRPages:      def(cfg.MaxMRPages, 512),
+		MaxMR:           def(cfg.MaxMR, 65536),
+		MaxPD:           1 << 16,
+		MaxQP:           def(cfg.MaxQP, 1024),
+		MaxQPWR:         def(cfg.MaxQPWR, 16384),
+		MaxSGE:          def(cfg.MaxSGE, 32),
+		MaxInlineData:   def(cfg.MaxInline, 256),
+		MaxCQ:           1 << 16,
+		MaxCQE:          def(cfg.MaxCQE, 1<<20),
+		MaxQPRdAtom:     rd,
+		MaxQPInitRdAtom: rd,
+		MaxMsgSize:      1 << 31,
+		MaxMTU:          transport.MTU4096,
+		ActiveMTU:       transport.MTU4096,
+	}
+	d.addrs = cfg.Addrs
+	if len(d.addrs) == 0 {
+		if lp, ok := cfg.Link.(interface{ LocalAddrPort() netip.AddrPort }); ok {
+			d.addrs = []netip.AddrPort{lp.LocalAddrPort()}
+		} else if a := cfg.Link.LocalAddr(); a.IsValid() {
+			d.addrs = []netip.AddrPort{netip.AddrPortFrom(a, link.UDPPort)}
+		}
+	}
+	for _, a := range d.addrs {
+		d.gids = append(d.gids, transport.GIDFromAddr(a.Addr()))
+	}
+	if len(d.addrs) > 0 {
+		d.port = d.addrs[0].Port()
+	}
+	d.wg.Add(2)
+	go d.rxLoop()
+	go d.txLoop()
+	return d, nil
+}
+
+// Name implements transport.Device.
+func (d *Device) Name() string { return d.name }
+
+// Attr implements transport.Device.
+func (d *Device) Attr() transport.DeviceAttr { return d.attr }
+
+// GIDs implements transport.Device.
+func (d *Device) GIDs() []transport.GID { return append([]transport.GID(nil), d.gids...) }
+
+// Addrs implements transport.Device.
+func (d *Device) Addrs() []netip.AddrPort { return append([]netip.AddrPort(nil), d.addrs...) }
+
+// Stats returns a snapshot of the device's counters.
+func (d *Device) Stats() Stats {
+	s := d.stats.snapshot()
+	ls := d.lnk.Stats()
+	s.ICRCDrops = ls.RxICRCDrops
+	s.LinkDrops = ls.RxMalformedDrops + ls.RxQueueDrops
+	return s
+}
+
+// isLocal reports whether a is one of the device's IP addresses.
+func (d *Device) isLocal(a netip.Addr) bool {
+	for _, x := range d.addrs {
+		if x.Addr().Unmap() == a.Unmap() {
+			return true
+		}
+	}
+	// A wildcard-bound link answers on every address.
+	return len(d.addrs) == 0 || (len(d.addrs) == 1 && d.addrs[0].Addr().IsUnspecified())
+}
+
+// AllocMemory implements transport.Device.
+func (d *Device) AllocMemory(n int) (transport.Memory, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("alloc memory of %d bytes: %w", n, transport.ErrInvalidArgument)
+	}
+	n = (n + pageSize - 1) &^ (pageSize - 1)
+	buf, err := mmapAnon(n)
+	if err != nil {
+		return nil, fmt.Errorf("alloc memory: mmap %d bytes: %w", n, err)
+	}
+	r := &region{dev: d, buf: buf}
+	d.mu.Lock()
+	d.mem.add(r)
+	d.mu.Unlock()
+	return memory{r}, nil
+}
+
+// AllocPD implements transport.Device.
+func (d *Device) AllocPD() (transport.PD, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, transport.ErrClosed
+	}
+	if d.npd >= d.attr.MaxPD {
+		return nil, transport.ErrNoResources
+	}
+	d.npd++
+	return &pd{dev: d}, nil
+}
+
+// Close implements transport.PD.
+func (p *pd) Close() error {
+	d := p.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if p.closed {
+		return transport.ErrClosed
+	}
+	if p.nMR > 0 || p.nQP > 0 {
+		return fmt.Errorf("close PD with %d MRs and %d QPs: %w", p.nMR, p.nQP, transport.ErrBusy)
+	}
+	p.closed = true
+	d.npd--
+	return nil
+}
+
+// CreateCQ implements transport.Device.
+func (d *Device) CreateCQ(entries int) (transport.CQ, error) {
+	if entries <= 0 || entries > d.attr.MaxCQE {
+		return nil, fmt.Errorf("create CQ of %d entries: %w", entries, transport.ErrInvalidArgument)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, transport.ErrClosed
+	}
+	if d.ncq >= d.attr.MaxCQ {
+		return nil, transport.ErrNoResources
+	}
+	d.ncq++
+	return &cq{dev: d, ring: make([]transport.WC, entries), notify: make(chan struct{}, 1)}, nil
+}
+
+// Close implements transport.Device: no new work is accepted; outstanding send work is given
+// until ctx is done to complete (drain); then every QP moves to ERR (flushing what remains), the
+// link is closed and both goroutines exit. It returns ctx's error if the drain was cut short.
+func (d *Device) Close(ctx context.Context) error {
+	d.mu.Lock()
+	if d.closing {
+		d.mu.Unlock()
+		return transport.ErrClosed
+	}
+	d.closing = true
+	d.mu.Unlock()
+
+	var drainErr error
+	tick := time.NewTicker(time.Millisecond)
+	for !d.drained() {
+		select {
+		case <-ctx.Done():
+			drainErr = ctx.Err()
+		case <-tick.C:
+			continue
+		}
+		break
+	}
+	tick.Stop()
+
+	d.mu.Lock()
+	for _, q := range d.qps {
+		q.toError()
+	}
+	d.closed = true
+	d.mu.Unlock()
+	close(d.done)
+	err := d.lnk.Close()
+	d.wg.Wait()
+	if drainErr != nil {
+		return fmt.Errorf("close %s: drain: %w", d.name, drainErr)
+	}
+	if err != nil {
+		return fmt.Errorf("close %s: link: %w", d.name, err)
+	}
+	return nil
+}
+
+// drained reports whether no QP has outstanding send work or read responses to stream.
+func (d *Device) drained() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, q := range d.qps {
+		if q.state != transport.QPSRTS && q.state != transport.QPSSQD {
+			continue
+		}
+		if q.sqHead != q.sqTail || q.resp.nstream > 0 || q.ctl.pending {
+			return false
+		}
+	}
+	return true
+}
+
+// schedule puts q on the transmit loop's ready list and wakes it. dev.mu held.
+func (d *Device) schedule(q *qp) {
+	if !q.inReady {
+		q.inReady = true
+		d.ready = append(d.ready, q)
+	}
+	d.wake()
+}
+
+func (d *Device) wake() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// armTimer records that q has a deadline at t. dev.mu held.
+func (d *Device) armTimer(t time.Time) {
+	if d.deadline.IsZero() || t.Before(d.deadline) {
+		d.deadline = t
+		d.wake()
+	}
+}
+
+// send hands packets to the link, counting them.
+func (d *Device) send(pkts []link.Packet) {
+	for len(pkts) > 0 {
+		n, err := d.lnk.Send(pkts)
+		var bytes uint64
+		for i := 0; i < n; i++ {
+			bytes += uint64(len(pkts[i].Buf))
+		}
+		d.stats.txPackets.Add(uint64(n))
+		d.stats.txBytes.Add(bytes)
+		if err == nil {
+			return
+		}
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+		// Skip the packet the link refused (it is lost, as on a network) and go on.
+		d.stats.dropped.Add(1)
+		if d.debug {
+			d.log.Debug("link send", zap.Error(err))
+		}
+		pkts = pkts[n+1:]
+	}
+}
+
+func (d *Device) rxLoop() {
+	defer d.wg.Done()
+	bs := d.lnk.BatchSize()
+	if bs <= 0 {
+		bs = 32
+	}
+	rx := make([]link.Packet, bs)
+	for i := range rx {
+		rx[i].Buf = make([]byte, bufSize)
+	}
+	ctl := make([]link.Packet, 0, 2*bs)
+	ctlBufs := make([][]byte, 2*bs)
+	for i := range ctlBufs {
+		ctlBufs[i] = make([]byte, 64)
+	}
+	for {
+		for i := range rx {
+			rx[i].Buf = rx[i].Buf[:cap(rx[i].Buf)]
+		}
+		n, err := d.lnk.Recv(rx)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			select {
+			case <-d.done:
+				return
+			default:
+			}
+			d.log.Warn("link receive", zap.Error(err))
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		var bytes uint64
+		for i := 0; i < n; i++ {
+			bytes += uint64(len(rx[i].Buf))
+		}
+		d.stats.rxPackets.Add(uint64(n))
+		d.stats.rxBytes.Add(bytes)
+		d.mu.Lock()
+		if d.closed {
+			d.mu.Unlock()
+			return
+		}
+		now := time.Now()
+		for i := 0; i < n; i++ {
+			d.input(&rx[i], now)
+		}
+		ctl = ctl[:0]
+		for _, q := range d.touched {
+			q.inTouched = false
+			if q.ctl.pending && q.resp.nstream == 0 && len(ctl) < len(ctlBufs) {
+				ctl = append(ctl, q.buildCtl(ctlBufs[len(ctl)]))
+			} else if q.ctl.pending {
+				d.schedule(q) // behind read responses: the transmit loop sends it
+			}
+		}
+		clear(d.touched)
+		d.touched = d.touched[:0]
+		if len(ctl) == 0 {
+			d.mu.Unlock()
+			continue
+		}
+		d.sendMu.Lock()
+		d.mu.Unlock()
+		d.send(ctl)
+		d.sendMu.Unlock()
+	}
+}
+
+// txBatch is the number of packets the transmit loop builds before handing them to the link.
+const txBatch = 64
+
+func (d *Device) txLoop() {
+	defer d.wg.Done()
+	bs := d.lnk.BatchSize()
+	if bs <= 0 || bs > txBatch {
+		bs = txBatch
+	}
+	bufs := make([][]byte, bs)
+	for i := range bufs {
+		bufs[i] = make([]byte, bufSize)
+	}
+	pkts := make([]link.Packet, 0, bs)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		d.mu.Lock()
+		if d.closed {
+			d.mu.Unlock()
+			return
+		}
+		now := time.Now()
+		if !d.deadline.IsZero() && !now.Before(d.deadline) {
+			d.fireTimers(now)
+		}
+		pkts = d.transmit(pkts[:0], bufs, now)
+		deadline := d.deadline
+		if len(pkts) > 0 {
+			d.sendMu.Lock()
+			d.mu.Unlock()
+			d.send(pkts)
+			d.sendMu.Unlock()
+			clear(pkts) // drop references to buffers' views
+			continue
+		}
+		d.mu.Unlock()
+		wait := time.Hour
+		if !deadline.IsZero() {
+			wait = time.Until(deadline)
+			if wait <= 0 {
+				continue
+			}
+		}
+		timer.Reset(wait)
+		select {
+		case <-d.kick:
+		case <-timer.C:
+		case <-d.done:
+			return
+		}
+	}
+}
+
+// transmit fills pkts (up to len(bufs)) from the ready QPs, round robin. dev.mu held.
+func (d *Device) transmit(pkts []link.Packet, bufs [][]byte, now time.Time) []link.Packet {
+	for len(d.ready) > 0 && len(pkts) < len(bufs) {
+		q := d.ready[0]
+		copy(d.ready, d.ready[1:])
+		d.ready[len(d.ready)-1] = nil
+		d.ready = d.ready[:len(d.ready)-1]
+		q.inReady = false
+		before := len(pkts)
+		more := false
+		pkts, more = q.work(pkts, bufs, now)
+		_ = before
+		if more {
+			q.inReady = true
+			d.ready = append(d.ready, q)
+		}
+	}
+	return pkts
+}
+
+// fireTimers runs expired QP timers and recomputes the next deadline. dev.mu held.
+func (d *Device) fireTimers(now time.Time) {
+	d.deadline = time.Time{}
+	for _, q := range d.qps {
+		q.checkTimers(now)
+		for _, t := range [2]time.Time{q.retransAt, q.rnrAt} {
+			if !t.IsZero() && (d.deadline.IsZero() || t.Before(d.deadline)) {
+				d.deadline = t
+			}
+		}
+	}
+}
+
+// input dispatches one received packet (rxe_rcv + hdr_check). dev.mu held.
+func (d *Device) input(pk *link.Packet, now time.Time) {
+	p, err := wire.Parse(pk.Buf)
+	if err != nil {
+		d.stats.dropped.Add(1)
+		return
+	}
+	bth := p.BTH()
+	op := p.Opcode()
+	if op == wire.CNP {
+		d.stats.cnps.Add(1)
+		return
+	}
+	if op.Transport() != wire.TransportRC {
+		d.stats.dropped.Add(1) // UD/UC/RD: no such QPs yet (QP1/CM is the next step)
+		return
+	}
+	if !pkeyMatch(bth.PKey()) {
+		d.stats.dropped.Add(1)
+		return
+	}
+	q := d.qps[bth.DestQP()]
+	if q == nil {
+		d.stats.dropped.Add(1)
+		return
+	}
+	// rxe: RC packets must come from the QP's DGID and go to its SGID.
+	if pk.Src.Addr().Unmap() != q.av.DstAddr.Unmap() ||
+		(pk.Dst.Addr().IsValid() && !pk.Dst.Addr().IsUnspecified() && pk.Dst.Addr().Unmap() != q.av.SrcAddr.Unmap()) {
+		d.stats.dropped.Add(1)
+		return
+	}
+	if op.Is(wire.Request) {
+		if q.state != transport.QPSRTR && q.state != transport.QPSRTS && q.state != transport.QPSSQD {
+			d.stats.dropped.Add(1)
+			return
+		}
+		q.respond(p, now)
+		return
+	}
+	if op.Is(wire.Response) {
+		if q.state != transport.QPSRTS && q.state != transport.QPSSQD {
+			d.stats.dropped.Add(1)
+			return
+		}
+		q.complete(p, now)
+		return
+	}
+	d.stats.dropped.Add(1)
+}
+
+// pkeyMatch is rxe's pkey_match against the default P_Key 0xFFFF: equal low 15 bits, and at
+// least one of the two a full member (ours always is).
+func pkeyMatch(k uint16) bool { return k&0x7FFF == 0x7FFF }
+
+// touch records that q has a control packet to send at the end of the rx batch. dev.mu held.
+func (d *Device) touch(q *qp) {
+	if !q.inTouched {
+		q.inTouched = true
+		d.touched = append(d.touched, q)
+	}
+}

@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/srpd/srpd/internal/ctlapi"
+)
+
+// env is everything srpctl takes from its surroundings, so that tests can replace it.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	links          linkManager
+	now            func() time.Time
+}
+
+func newEnv() *env {
+	return &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, links: netlinkLinks{}, now: time.Now}
+}
+
+// app holds the state of one invocation: the environment and the global flags.
+type app struct {
+	*env
+	socket  string
+	output  string
+	timeout time.Duration
+}
+
+const (
+	outputTable = "table"
+	outputJSON  = "json"
+)
+
+// run executes srpctl with args and returns the exit code.
+func run(ctx context.Context, args []string, e *env) int {
+	a := &app{env: e}
+	root := newRootCmd(a)
+	root.SetArgs(args)
+	root.SetIn(e.stdin)
+	root.SetOut(e.stdout)
+	root.SetErr(e.stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	code := exitCode(err)
+	var silent *silentError
+	if errors.As(err, &silent) {
+		return code
+	}
+	fmt.Fprintf(e.stderr, "srpctl: %v\n", err)
+	if h := hint(err, a.socket); h != "" {
+		fmt.Fprintf(e.stderr, "hint: %s\n", h)
+	}
+	if code == exitUsage {
+		fmt.Fprintln(e.stderr, "Run 'srpctl --help' for usage.")
+	}
+	return code
+}
+
+func newRootCmd(a *app) *cobra.Command {
+	defSocket := ctlapi.DefaultSocket
+	if s := a.getenv("SRPCTL_SOCKET"); s != "" {
+		defSocket = s
+	}
+	root := &cobra.Command{
+		Use:   "srpctl",
+		Short: "Control srpd, the SRP (SCSI RDMA Protocol) target and initiator daemon",
+		Long: `srpctl controls a running srpd through its control socket: targets, LUNs, ACLs,
+sessions of initiators logged in to our targets, and our own initiator connections
+to remote targets. It also manages RDMA links (rxe) through netlink and validates
+configuration files without a daemon.
+
+Mutating commands take --persist to also rewrite srpd's configuration file;
+without it the change lasts until srpd restarts or reloads.
+
+` + exitCodesHelp,
+		SilenceErrors:     true,
+		SilenceUsage:      true,
+		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: false},
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			if a.output != outputTable && a.output != outputJSON {
+				return usagef("--output %q: want table or json", a.output)
+			}
+			return nil
+		},
+		Args: cobra.ArbitraryArgs,
+		RunE: groupRunE,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	pf := root.PersistentFlags()
+	pf.StringVarP(&a.output, "output", "o", outputTable, "output format: table or json")
+	pf.StringVar(&a.socket, "socket", defSocket, "srpd's control socket ($SRPCTL_SOCKET)")
+	pf.DurationVar(&a.timeout, "timeout", 60*time.Second, "give up on the daemon after this long")
+	root.AddCommand(
+		newStatusCmd(a),
+		newTargetCmd(a),
+		newLUNCmd(a),
+		newACLCmd(a),
+		newSessionCmd(a),
+		newConnectCmd(a),
+		newDisconnectCmd(a),
+		newConnectionsCmd(a),
+		newReloadCmd(a),
+		newLinkCmd(a),
+		newConfigCmd(a),
+	)
+	return root
+}
+
+// groupRunE runs a command that only groups subcommands: help without arguments, a usage
+// error (exit 2) for an unknown subcommand (cobra would print help and exit 0).
+func groupRunE(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return cmd.Help()
+	}
+	var names []string
+	for _, c := range cmd.Commands() {
+		if c.IsAvailableCommand() {
+			names = append(names, c.Name())
+		}
+	}
+	return usagef("unknown command %q for %q (available: %s)", args[0], cmd.CommandPath(), strings.Join(names, ", "))
+}
+
+func newGroup(use, short string, subs ...*cobra.Command) *cobra.Command {
+	c := &cobra.Command{Use: use, Short: short, Args: cobra.ArbitraryArgs, RunE: groupRunE}
+	c.AddCommand(subs...)
+	return c
+}
+
+// args returns an argument validator that reports usage errors with the command's use line.
+func args(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, a []string) error {
+		if len(a) != n {
+			return usagef("%s: want %d argument(s), got %d (usage: %s)", cmd.CommandPath(), n, len(a), cmd.UseLine())
+		}
+		return nil
+	}
+}
+
+func argsRange(lo, hi int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, a []string) error {
+		if len(a) < lo || len(a) > hi {
+			return usagef("%s: want %d to %d arguments, got %d (usage: %s)", cmd.CommandPath(), lo, hi, len(a), cmd.UseLine())
+		}
+		return nil
+	}
+}
+
+// client returns a control API client and a context bounded by --timeout.
+func (a *app) client(ctx context.Context) (*ctlapi.Client, context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	c := ctlapi.NewClient(a.socket)
+	return c, ctx, func() { cancel(); c.Close() }
+}
+
+// call runs fn with a client; a timeout is reported as such.
+func (a *app) call(cmd *cobra.Command, fn func(ctx context.Context, c *ctlapi.Client) error) error {
+	c, ctx, done := a.client(cmd.Context())
+	defer done()
+	err := fn(ctx, c)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("no answer from srpd within %s (--timeout): %w", a.timeout, err)
+	}
+	return err
+}
+
+func (a *app) json() bool { return a.output == outputJSON }
+
+// printJSON writes v as indented JSON.
+func (a *app) printJSON(v any) error {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// table returns a tabwriter for aligned columns; call Flush when done.
+func (a *app) table(header ...string) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	if len(header) > 0 {
+		fmt.Fprintln(tw, strings.Join(header, "\t"))
+	}
+	return tw
+}
+
+func row(w io.Writer, cols ...any) {
+	s := make([]string, len(cols))
+	for i, c := range cols {
+		s[i] = fmt.Sprint(c)
+		if s[i] == "" {
+			s[i] = "-"
+		}
+	}
+	fmt.Fprintln(w, strings.Join(s, "\t"))
+}
+
+// done prints a confirmation in table mode (JSON mode prints v, or nothing when v is nil).
+func (a *app) done(v any, format string, args ...any) error {
+	if a.json() {
+		if v == nil {
+			return nil
+		}
+		return a.printJSON(v)
+	}
+	fmt.Fprintf(a.stdout, format+"\n", args...)
+	return nil
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func joinInts(xs []int) string {
+	if len(xs) == 0 {
+		return "all"
+	}
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, ",")
+}
+
+func since(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return now.Sub(t).Round(time.Second).String()
+}

@@ -1,0 +1,241 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	"github.com/srpd/srpd/internal/config"
+	"github.com/srpd/srpd/internal/ctlapi"
+)
+
+func parseLUN(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > config.MaxLUNID {
+		return 0, usagef("LUN %q: want a number between 0 and %d", s, config.MaxLUNID)
+	}
+	return n, nil
+}
+
+func newLUNCmd(a *app) *cobra.Command {
+	return newGroup("lun", "List, add and remove the LUNs of a target",
+		&cobra.Command{
+			Use:     "list TARGET",
+			Aliases: []string{"ls"},
+			Short:   "List a target's LUNs",
+			Args:    args(1),
+			RunE: func(cmd *cobra.Command, argv []string) error {
+				return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+					ls, err := c.ListLUNs(ctx, argv[0])
+					if err != nil {
+						return err
+					}
+					if a.json() {
+						return a.printJSON(ctlapi.LUNList{LUNs: nonNil(ls)})
+					}
+					a.printLUNs(ls)
+					return nil
+				})
+			},
+		},
+		newLUNAddCmd(a),
+		newLUNRemoveCmd(a),
+	)
+}
+
+func (a *app) printLUNs(ls []ctlapi.LUNInfo) {
+	tw := a.table("LUN", "BACKEND", "PATH", "CAPACITY", "BLOCK", "READ-ONLY", "STATE")
+	for _, l := range ls {
+		state := l.State
+		if l.Error != "" {
+			state += ": " + l.Error
+		}
+		row(tw, l.ID, l.Backend, l.Path, config.Size(l.Capacity), l.BlockSize, yesNo(l.ReadOnly), state)
+	}
+	tw.Flush()
+}
+
+func newLUNAddCmd(a *app) *cobra.Command {
+	var (
+		l              config.LUN
+		size           string
+		persist        bool
+		backendChoices = []string{config.BackendRAM, config.BackendFile, config.BackendBlockDev}
+	)
+	cmd := &cobra.Command{
+		Use:   "add TARGET LUN --backend ram|file|blockdev [flags]",
+		Short: "Add a LUN to a target",
+		Example: `  srpctl lun add demo 1 --backend ram --size 1GiB
+  srpctl lun add demo 2 --backend file --path /var/lib/srpd/d2.img --create --size 64GiB --block-size 4096
+  srpctl lun add demo 3 --backend blockdev --path /dev/disk/by-id/wwn-0x5000c500a1b2c3d4 --direct --persist`,
+		Args: args(2),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			id, err := parseLUN(argv[1])
+			if err != nil {
+				return err
+			}
+			if l.Backend == "" {
+				return usagef("lun add: --backend is required (%s, %s or %s)", backendChoices[0], backendChoices[1], backendChoices[2])
+			}
+			l.ID = id
+			if l.Size, err = optSize("size", size); err != nil {
+				return err
+			}
+			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+				info, err := c.AddLUN(ctx, argv[0], l, ctlapi.MutateOptions{Persist: persist})
+				if err != nil {
+					return err
+				}
+				return a.done(info, "LUN %d added to target %s: %s %s%s", info.ID, argv[0], info.Backend,
+					describeBackend(info), persisted(persist))
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&l.Backend, "backend", "", "ram, file or blockdev")
+	f.StringVar(&l.Path, "path", "", "file or block device path (file, blockdev)")
+	f.StringVar(&size, "size", "", "capacity, e.g. 64MiB (ram: required; file: create or extend to it)")
+	f.BoolVar(&l.Create, "create", false, "create the file if it does not exist (file; needs --size)")
+	f.BoolVar(&l.Direct, "direct", false, "O_DIRECT I/O (file, blockdev)")
+	f.IntVar(&l.BlockSize, "block-size", 0, "logical block size: 512 (default) or 4096")
+	f.BoolVar(&l.ReadOnly, "read-only", false, "write-protect the LUN")
+	f.StringVar(&l.Serial, "serial", "", "unit serial number (default: derived)")
+	f.BoolVar(&persist, "persist", false, "also write the change to srpd's configuration file")
+	_ = cmd.RegisterFlagCompletionFunc("backend", cobra.FixedCompletions(backendChoices, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("block-size", cobra.FixedCompletions([]string{"512", "4096"}, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+func describeBackend(l *ctlapi.LUNInfo) string {
+	s := fmt.Sprintf("%s, block size %d", config.Size(l.Capacity), l.BlockSize)
+	if l.Path != "" {
+		s = l.Path + ", " + s
+	}
+	return "(" + s + ")"
+}
+
+func newLUNRemoveCmd(a *app) *cobra.Command {
+	var persist bool
+	cmd := &cobra.Command{
+		Use:     "remove TARGET LUN",
+		Aliases: []string{"rm"},
+		Short:   "Remove a LUN from a target",
+		Args:    args(2),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			id, err := parseLUN(argv[1])
+			if err != nil {
+				return err
+			}
+			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+				if err := c.RemoveLUN(ctx, argv[0], id, ctlapi.MutateOptions{Persist: persist}); err != nil {
+					return err
+				}
+				return a.done(nil, "LUN %d removed from target %s%s", id, argv[0], persisted(persist))
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&persist, "persist", false, "also write the change to srpd's configuration file")
+	return cmd
+}
+
+func newACLCmd(a *app) *cobra.Command {
+	return newGroup("acl", "List, add and remove the initiators allowed to log in to a target",
+		&cobra.Command{
+			Use:     "list TARGET",
+			Aliases: []string{"ls"},
+			Short:   "List a target's ACLs",
+			Args:    args(1),
+			RunE: func(cmd *cobra.Command, argv []string) error {
+				return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+					as, err := c.ListACLs(ctx, argv[0])
+					if err != nil {
+						return err
+					}
+					if a.json() {
+						return a.printJSON(ctlapi.ACLList{ACLs: nonNil(as)})
+					}
+					a.printACLs(as)
+					return nil
+				})
+			},
+		},
+		newACLAddCmd(a),
+		newACLRemoveCmd(a),
+	)
+}
+
+func (a *app) printACLs(as []ctlapi.ACLInfo) {
+	tw := a.table("INITIATOR", "LUNS", "READ-ONLY", "SESSIONS")
+	for _, x := range as {
+		row(tw, x.Initiator, joinInts(x.LUNs), yesNo(x.ReadOnly), x.Sessions)
+	}
+	tw.Flush()
+}
+
+func parseInitiator(s string) (config.InitiatorID, error) {
+	ini, err := config.ParseInitiatorID(s)
+	if err != nil {
+		return ini, usagef("%v", err)
+	}
+	return ini, nil
+}
+
+func newACLAddCmd(a *app) *cobra.Command {
+	var (
+		luns     []int
+		readOnly bool
+		persist  bool
+	)
+	cmd := &cobra.Command{
+		Use:   "add TARGET INITIATOR [--luns 0,1] [--read-only]",
+		Short: `Allow an initiator (port ID, or "*" for any other) to log in to a target`,
+		Example: `  srpctl acl add demo 0x00000000000000005054000000000001 --luns 0,1
+  srpctl acl add demo '*' --read-only`,
+		Args: args(2),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			ini, err := parseInitiator(argv[1])
+			if err != nil {
+				return err
+			}
+			acl := config.ACL{Initiator: ini, LUNs: luns, ReadOnly: readOnly}
+			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+				info, err := c.AddACL(ctx, argv[0], acl, ctlapi.MutateOptions{Persist: persist})
+				if err != nil {
+					return err
+				}
+				return a.done(info, "initiator %s may log in to target %s (LUNs: %s, read-only: %s)%s",
+					info.Initiator, argv[0], joinInts(info.LUNs), yesNo(info.ReadOnly), persisted(persist))
+			})
+		},
+	}
+	cmd.Flags().IntSliceVar(&luns, "luns", nil, "LUNs the initiator may see (default: all)")
+	cmd.Flags().BoolVar(&readOnly, "read-only", false, "write-protect every LUN for this initiator")
+	cmd.Flags().BoolVar(&persist, "persist", false, "also write the change to srpd's configuration file")
+	return cmd
+}
+
+func newACLRemoveCmd(a *app) *cobra.Command {
+	var persist bool
+	cmd := &cobra.Command{
+		Use:     "remove TARGET INITIATOR",
+		Aliases: []string{"rm"},
+		Short:   "Remove an initiator's ACL",
+		Args:    args(2),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			ini, err := parseInitiator(argv[1])
+			if err != nil {
+				return err
+			}
+			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+				if err := c.RemoveACL(ctx, argv[0], ini, ctlapi.MutateOptions{Persist: persist}); err != nil {
+					return err
+				}
+				return a.done(nil, "ACL of %s removed from target %s%s", ini, argv[0], persisted(persist))
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&persist, "persist", false, "also write the change to srpd's configuration file")
+	return cmd
+}

@@ -1,0 +1,275 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/srpd/srpd/internal/config"
+	"github.com/srpd/srpd/internal/ctlapi"
+)
+
+func newStatusCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show the daemon's state: version, uptime, transports, counts",
+		Args:  args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+				st, err := c.Status(ctx)
+				if err != nil {
+					return err
+				}
+				if a.json() {
+					return a.printJSON(st)
+				}
+				tw := a.table()
+				row(tw, "Daemon:", fmt.Sprintf("srpd %s (pid %d), API v%d", st.Version, st.PID, st.APIVersion))
+				row(tw, "Started:", fmt.Sprintf("%s (up %s)", st.StartedAt.Format("2006-01-02 15:04:05 MST"), since(a.now(), st.StartedAt)))
+				row(tw, "Config:", st.ConfigPath)
+				row(tw, "Socket:", a.socket)
+				row(tw, "Targets:", st.Targets)
+				row(tw, "Sessions:", fmt.Sprintf("%d (initiators logged in to our targets)", st.Sessions))
+				row(tw, "Connections:", fmt.Sprintf("%d (our initiator sessions)", st.Connections))
+				tw.Flush()
+				if len(st.Transports) > 0 {
+					fmt.Fprintln(a.stdout)
+					tw = a.table("TRANSPORT", "DRIVER", "DEVICE", "ADDRESSES", "STATE")
+					for _, t := range st.Transports {
+						state := t.State
+						if t.Error != "" {
+							state += ": " + t.Error
+						}
+						row(tw, t.Name, t.Driver, t.Device, strings.Join(t.Addresses, ","), state)
+					}
+					tw.Flush()
+				}
+				return nil
+			})
+		},
+	}
+}
+
+func newTargetCmd(a *app) *cobra.Command {
+	return newGroup("target", "List, show, create and delete SRP targets",
+		&cobra.Command{
+			Use:     "list",
+			Aliases: []string{"ls"},
+			Short:   "List the targets",
+			Args:    args(0),
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+					ts, err := c.ListTargets(ctx)
+					if err != nil {
+						return err
+					}
+					if a.json() {
+						return a.printJSON(ctlapi.TargetList{Targets: nonNil(ts)})
+					}
+					tw := a.table("NAME", "PORT ID", "TRANSPORT", "LISTEN", "LUNS", "ACLS", "SESSIONS", "STATE")
+					for _, t := range ts {
+						row(tw, t.Name, t.PortID, t.Transport, strings.Join(t.Listen, ","), len(t.LUNs), len(t.ACLs), t.Sessions, t.State)
+					}
+					return tw.Flush()
+				})
+			},
+		},
+		&cobra.Command{
+			Use:   "show TARGET",
+			Short: "Show a target: settings, LUNs, ACLs and logged-in sessions",
+			Args:  args(1),
+			RunE: func(cmd *cobra.Command, argv []string) error {
+				return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+					t, err := c.GetTarget(ctx, argv[0])
+					if err != nil {
+						return err
+					}
+					ss, err := c.ListSessions(ctx, ctlapi.SessionFilter{Target: t.Name})
+					if err != nil {
+						return err
+					}
+					if a.json() {
+						return a.printJSON(struct {
+							*ctlapi.TargetInfo
+							SessionList []ctlapi.SessionInfo `json:"session_list"`
+						}{t, nonNil(ss)})
+					}
+					a.printTarget(t, ss)
+					return nil
+				})
+			},
+		},
+		newTargetCreateCmd(a),
+		newTargetDeleteCmd(a),
+	)
+}
+
+func (a *app) printTarget(t *ctlapi.TargetInfo, ss []ctlapi.SessionInfo) {
+	tw := a.table()
+	row(tw, "Name:", t.Name)
+	state := t.State
+	if t.Error != "" {
+		state += ": " + t.Error
+	}
+	row(tw, "State:", state)
+	row(tw, "Port ID:", fmt.Sprintf("%s (id_ext 0x%016x, ioc_guid 0x%016x)", t.PortID, t.PortID.IDExt(), t.PortID.GUID()))
+	row(tw, "Transport:", t.Transport)
+	row(tw, "Listen:", strings.Join(t.Listen, ", "))
+	l := t.Limits
+	imm := l.ImmediateData != nil && *l.ImmediateData
+	row(tw, "Limits:", fmt.Sprintf("max_channels %d, queue_depth %d, max_it_iu_len %d, max_ti_iu_len %d, immediate_data %s",
+		l.MaxChannels, l.QueueDepth, int64(l.MaxITIULen), int64(l.MaxTIIULen), yesNo(imm)))
+	tw.Flush()
+	fmt.Fprintf(a.stdout, "\nLUNs (%d):\n", len(t.LUNs))
+	a.printLUNs(t.LUNs)
+	fmt.Fprintf(a.stdout, "\nACLs (%d):\n", len(t.ACLs))
+	a.printACLs(t.ACLs)
+	fmt.Fprintf(a.stdout, "\nSessions (%d):\n", len(ss))
+	a.printSessions(ss)
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// readSpec reads a YAML/JSON file ("-" = standard input) for -f.
+func (a *app) readSpec(path string) (string, []byte, error) {
+	if path == "-" {
+		b, err := io.ReadAll(io.LimitReader(a.stdin, config.MaxFileSize))
+		return "<stdin>", b, err
+	}
+	b, err := os.ReadFile(path)
+	return path, b, err
+}
+
+func newTargetCreateCmd(a *app) *cobra.Command {
+	var (
+		file, portID, transport string
+		listen                  []string
+		cmPort                  int
+		lim                     config.Limits
+		maxIT, maxTI            string
+		noImm, persist          bool
+	)
+	cmd := &cobra.Command{
+		Use:   "create NAME --port-id ID [flags] | create [NAME] -f FILE",
+		Short: "Create a target (add LUNs and ACLs with lun add / acl add, or all at once with -f)",
+		Long: `Create a target. Either give its settings as flags, or give a whole target (the YAML
+or JSON of one "targets:" entry of srpd.yaml, LUNs and ACLs included) with -f.
+
+Without any ACL no initiator may log in: add one with 'srpctl acl add'.`,
+		Example: `  srpctl target create demo --port-id 0x00000000000000010000000000000001 --listen 127.0.0.1
+  srpctl target create -f storage.yaml --persist`,
+		Args: argsRange(0, 1),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			var t config.Target
+			if file != "" {
+				for _, f := range []string{"port-id", "transport", "listen", "cm-port", "max-channels", "queue-depth", "max-it-iu-len", "max-ti-iu-len", "no-immediate-data"} {
+					if cmd.Flags().Changed(f) {
+						return usagef("--%s cannot be combined with -f (put it in the file)", f)
+					}
+				}
+				name, data, err := a.readSpec(file)
+				if err != nil {
+					return err
+				}
+				pt, err := config.ParseTarget(name, data)
+				if err != nil {
+					return err
+				}
+				t = *pt
+				if len(argv) == 1 && argv[0] != t.Name {
+					return usagef("NAME %q differs from the name %q in %s", argv[0], t.Name, file)
+				}
+			} else {
+				if len(argv) != 1 {
+					return usagef("target create: NAME is required without -f")
+				}
+				if portID == "" {
+					return usagef("target create: --port-id is required without -f")
+				}
+				p, err := config.ParsePortID(portID)
+				if err != nil {
+					return usagef("--port-id: %v", err)
+				}
+				t = config.Target{Name: argv[0], Transport: transport, PortID: p, Listen: listen, CMPort: cmPort, Limits: lim}
+				if t.Limits.MaxITIULen, err = optSize("max-it-iu-len", maxIT); err != nil {
+					return err
+				}
+				if t.Limits.MaxTIIULen, err = optSize("max-ti-iu-len", maxTI); err != nil {
+					return err
+				}
+				if noImm {
+					t.Limits.ImmediateData = config.Bool(false)
+				}
+			}
+			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+				info, err := c.CreateTarget(ctx, t, ctlapi.MutateOptions{Persist: persist})
+				if err != nil {
+					return err
+				}
+				return a.done(info, "target %s created: port id %s, listening on %s%s", info.Name, info.PortID,
+					strings.Join(info.Listen, ", "), persisted(persist))
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&file, "file", "f", "", "YAML or JSON file with the whole target (- for standard input)")
+	f.StringVar(&portID, "port-id", "", "target port ID: 32 hex digits, id_ext then ioc_guid")
+	f.StringVar(&transport, "transport", "", "transport to listen on (default: the only one)")
+	f.StringSliceVar(&listen, "listen", nil, "local IP addresses to listen on (default: all of the transport's)")
+	f.IntVar(&cmPort, "cm-port", 0, "RDMA CM port (default 5555)")
+	f.IntVar(&lim.MaxChannels, "max-channels", 0, "channels per initiator (default 8)")
+	f.IntVar(&lim.QueueDepth, "queue-depth", 0, "credits per channel (default 128)")
+	f.StringVar(&maxIT, "max-it-iu-len", "", "largest IU accepted (default 8276)")
+	f.StringVar(&maxTI, "max-ti-iu-len", "", "largest IU sent (default 256)")
+	f.BoolVar(&noImm, "no-immediate-data", false, "do not offer SRP-2 immediate data")
+	f.BoolVar(&persist, "persist", false, "also write the change to srpd's configuration file")
+	return cmd
+}
+
+func optSize(flag, v string) (config.Size, error) {
+	if v == "" {
+		return 0, nil
+	}
+	s, err := config.ParseSize(v)
+	if err != nil {
+		return 0, usagef("--%s: %v", flag, err)
+	}
+	return s, nil
+}
+
+func persisted(p bool) string {
+	if p {
+		return " (saved to the configuration file)"
+	}
+	return ""
+}
+
+func newTargetDeleteCmd(a *app) *cobra.Command {
+	var force, persist bool
+	cmd := &cobra.Command{
+		Use:     "delete TARGET",
+		Aliases: []string{"rm"},
+		Short:   "Delete a target (--force logs its initiators out)",
+		Args:    args(1),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+				if err := c.DeleteTarget(ctx, argv[0], ctlapi.DeleteOptions{Persist: persist, Force: force}); err != nil {
+					return err
+				}
+				return a.done(nil, "target %s deleted%s", argv[0], persisted(persist))
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&force, "force", false, "delete even while initiators are logged in")
+	cmd.Flags().BoolVar(&persist, "persist", false, "also write the change to srpd's configuration file")
+	return cmd
+}

@@ -1,0 +1,320 @@
+package config
+
+import "time"
+
+// Defaults applied by SetDefaults. Zero (or omitted) fields select them.
+const (
+	DefaultVersion = 1
+
+	DefaultDriver       = DriverSoftRoCE
+	DefaultUDPPort      = 4791 // IANA RoCEv2
+	DefaultSocketBuffer = Size(4 << 20)
+	DefaultSoftRoCEMTU  = 4096
+	DefaultVerbsPort    = 1
+
+	DefaultCMPort = 5555 // the RDMA CM port ib_srpt users configure (blktests, docs)
+
+	DefaultBlockSize = 512
+
+	DefaultMaxChannels = 8
+	// DefaultTargetQueueDepth is the per-channel request limit (credits) granted at login,
+	// ib_srpt's min(128, max_qp_wr).
+	DefaultTargetQueueDepth = 128
+	// DefaultMaxITIULen is ib_srpt's srp_max_req_size default: max(48+16+20+128×16, 80+4+8192).
+	DefaultMaxITIULen = 8276
+	// DefaultMaxTIIULen bounds the IUs the target sends (SRP_RSP with sense data, CRED_REQ,
+	// AER_REQ), ib_srpt's srp_max_rsp_size default.
+	DefaultMaxTIIULen = 256
+
+	DefaultSessionPort       = DefaultCMPort
+	DefaultChCount           = 1
+	DefaultSessionQueueDepth = 64 // ib_srp queue_size default
+	DefaultConnectTimeout    = Duration(10 * time.Second)
+	// ib_srp module parameter defaults.
+	DefaultReconnectDelay = 10 * time.Second
+	DefaultFastIOFailTmo  = 15 * time.Second
+	DefaultDevLossTmo     = 600 * time.Second
+
+	DefaultControlSocket = "/run/srpd/srpd.sock"
+	DefaultControlMode   = FileMode(0o660)
+
+	DefaultLogLevel  = "info"
+	DefaultLogFormat = "json"
+)
+
+// Transport drivers.
+const (
+	// DriverSoftRoCE is the embedded pure-Go RoCEv2 engine over UDP.
+	DriverSoftRoCE = "softroce"
+	// DriverVerbs is libibverbs/librdmacm (hardware RNICs, kernel rxe), build tag "verbs".
+	DriverVerbs = "verbs"
+)
+
+// Backends of a LUN.
+const (
+	BackendRAM      = "ram"
+	BackendFile     = "file"
+	BackendBlockDev = "blockdev"
+)
+
+// Config is the whole srpd configuration (srpd -c /etc/srpd/srpd.yaml). Parse and Load return
+// it with defaults applied and validated; a Config built in code should go through SetDefaults
+// and Validate before use. The same types are the bodies of the control API, so YAML and JSON
+// use the same field names.
+type Config struct {
+	// Version of the schema; 1 (the default) is the only one.
+	Version    int         `yaml:"version" json:"version"`
+	Transports []Transport `yaml:"transports,omitempty" json:"transports,omitempty"`
+	Targets    []Target    `yaml:"targets,omitempty" json:"targets,omitempty"`
+	Sessions   []Session   `yaml:"sessions,omitempty" json:"sessions,omitempty"`
+	Control    Control     `yaml:"control" json:"control"`
+	Logging    Logging     `yaml:"logging" json:"logging"`
+	Metrics    Metrics     `yaml:"metrics,omitempty" json:"metrics,omitempty"`
+
+	src *source // where the config was parsed from (positions for Validate); nil if built in code
+}
+
+// Transport is an RDMA device srpd runs targets and sessions on.
+type Transport struct {
+	// Name is how targets and sessions refer to the transport.
+	Name string `yaml:"name" json:"name"`
+	// Driver is "softroce" (default) or "verbs". "verbs:<ibdev>" is shorthand for driver verbs
+	// with that device.
+	Driver string `yaml:"driver" json:"driver"`
+	// Address (softroce) is the local IP address the engine binds UDP on; 0.0.0.0 or :: binds
+	// every address. Exactly one of Address and Interface.
+	Address string `yaml:"address,omitempty" json:"address,omitempty"`
+	// Interface (softroce) binds the engine to a network interface's addresses instead.
+	Interface string `yaml:"interface,omitempty" json:"interface,omitempty"`
+	// UDPPort (softroce) is the RoCEv2 UDP port, 4791 by default. Linux rxe peers only speak
+	// 4791; other values are for running several daemons on one host in tests.
+	UDPPort int `yaml:"udp_port,omitempty" json:"udp_port,omitempty"`
+	// SocketBuffer (softroce) is the UDP socket's SO_RCVBUF/SO_SNDBUF (default 4MiB).
+	SocketBuffer Size `yaml:"socket_buffer,omitempty" json:"socket_buffer,omitempty"`
+	// MTU is the largest RoCE path MTU to use: 256, 512, 1024, 2048 or 4096. softroce: default
+	// 4096 (a Linux rxe peer on a 1500-byte Ethernet link uses 1024). verbs: default 0, the
+	// port's active MTU.
+	MTU int `yaml:"mtu,omitempty" json:"mtu,omitempty"`
+	// Device (verbs) is the RDMA device name (ibv_devices, `rdma link`), e.g. mlx5_0 or rxe0.
+	Device string `yaml:"device,omitempty" json:"device,omitempty"`
+	// Port (verbs) is the device port number, 1 by default.
+	Port int `yaml:"port,omitempty" json:"port,omitempty"`
+}
+
+// Target is an SRP target port: a listener, its LUNs and who may log in.
+type Target struct {
+	Name string `yaml:"name" json:"name"`
+	// Transport names the transport to listen on; may be omitted when exactly one is defined.
+	Transport string `yaml:"transport,omitempty" json:"transport,omitempty"`
+	// PortID is the target port identifier (id_ext then ioc_guid) initiators log in to.
+	PortID PortID `yaml:"port_id" json:"port_id"`
+	// Listen are the local IP addresses to accept RDMA CM connections on; empty: every address
+	// of the transport.
+	Listen []string `yaml:"listen,omitempty" json:"listen,omitempty"`
+	// CMPort is the RDMA CM port (service ID in the TCP port space), 5555 by default.
+	CMPort int `yaml:"cm_port" json:"cm_port"`
+	// LUNs exported by this target.
+	LUNs []LUN `yaml:"luns,omitempty" json:"luns,omitempty"`
+	// ACLs name the initiators allowed to log in. Without any ACL no initiator may log in; an
+	// ACL with initiator "*" admits every initiator no other ACL names.
+	ACLs   []ACL  `yaml:"acls,omitempty" json:"acls,omitempty"`
+	Limits Limits `yaml:"limits" json:"limits"`
+}
+
+// LUN is one logical unit of a target and its backend.
+type LUN struct {
+	// ID is the logical unit number, 0..16383.
+	ID int `yaml:"id" json:"id"`
+	// Backend is "ram", "file" or "blockdev".
+	Backend string `yaml:"backend" json:"backend"`
+	// Path of the file (file) or block device node (blockdev); absolute.
+	Path string `yaml:"path,omitempty" json:"path,omitempty"`
+	// Size is the capacity: required for ram; for file the size the file must have (created
+	// or extended sparsely, never shrunk), or omitted to export the file at its size; not
+	// allowed for blockdev (the device's size). A multiple of BlockSize.
+	Size Size `yaml:"size,omitempty" json:"size,omitempty"`
+	// Create (file) creates the file when it does not exist; needs Size.
+	Create bool `yaml:"create,omitempty" json:"create,omitempty"`
+	// Direct (file, blockdev) adds O_DIRECT I/O for aligned requests.
+	Direct bool `yaml:"direct,omitempty" json:"direct,omitempty"`
+	// BlockSize is the logical block size: 512 (default) or 4096.
+	BlockSize int `yaml:"block_size" json:"block_size"`
+	// ReadOnly makes the LUN write-protected for every initiator.
+	ReadOnly bool `yaml:"read_only,omitempty" json:"read_only,omitempty"`
+	// Serial is the unit serial number (VPD page 0x80): printable ASCII, at most 64 bytes. It
+	// also seeds the LUN's NAA identifier, so keep it stable. Empty: the daemon derives one
+	// from the target's port ID and the LUN ID.
+	Serial string `yaml:"serial,omitempty" json:"serial,omitempty"`
+}
+
+// ACL admits one initiator (or any, "*") to a target, optionally to some LUNs only.
+type ACL struct {
+	// Initiator is the initiator port ID (initiator_ext then port GUID), or "*".
+	Initiator InitiatorID `yaml:"initiator" json:"initiator"`
+	// LUNs masks the target's LUNs to those listed; empty: every LUN.
+	LUNs []int `yaml:"luns,omitempty" json:"luns,omitempty"`
+	// ReadOnly makes every LUN write-protected for this initiator.
+	ReadOnly bool `yaml:"read_only,omitempty" json:"read_only,omitempty"`
+}
+
+// Limits bound what initiators may negotiate with a target.
+type Limits struct {
+	// MaxChannels is the most RDMA channels one I_T nexus may open (multichannel), 1..256.
+	MaxChannels int `yaml:"max_channels" json:"max_channels"`
+	// QueueDepth is the request limit granted per channel (SRP credits), 2..4096.
+	QueueDepth int `yaml:"queue_depth" json:"queue_depth"`
+	// MaxITIULen is the largest initiator-to-target IU accepted (MAX IT IU LEN), 996..1MiB.
+	MaxITIULen Size `yaml:"max_it_iu_len" json:"max_it_iu_len"`
+	// MaxTIIULen is the largest target-to-initiator IU sent (MAX TI IU LEN), 64..64KiB.
+	MaxTIIULen Size `yaml:"max_ti_iu_len" json:"max_ti_iu_len"`
+	// ImmediateData offers SRP-2 immediate data for writes (default true).
+	ImmediateData *bool `yaml:"immediate_data" json:"immediate_data"`
+}
+
+// Session is an initiator connection to a remote SRP target, kept up by the daemon.
+type Session struct {
+	// Name identifies the connection (srpctl connect/disconnect).
+	Name string `yaml:"name" json:"name"`
+	// Transport names the local transport; may be omitted when exactly one is defined.
+	Transport string `yaml:"transport,omitempty" json:"transport,omitempty"`
+	// Address is the target's IP address or host name, Port its RDMA CM port (default 5555).
+	Address string `yaml:"address" json:"address"`
+	Port    int    `yaml:"port" json:"port"`
+	// Source is the local IP address to connect from (ib_srp's src=); empty: routing decides.
+	Source string `yaml:"source,omitempty" json:"source,omitempty"`
+	// TargetPortID is the target port to log in to (id_ext then ioc_guid).
+	TargetPortID PortID `yaml:"target_port_id" json:"target_port_id"`
+	// InitiatorExt is bytes 0-7 of our initiator port ID (ib_srp's initiator_ext), hex.
+	InitiatorExt ID64 `yaml:"initiator_ext" json:"initiator_ext"`
+	// ChCount is the number of RDMA channels, 1..256 (default 1).
+	ChCount int `yaml:"ch_count" json:"ch_count"`
+	// QueueDepth is the requests in flight per channel (ib_srp's queue_size), 2..4096.
+	QueueDepth int `yaml:"queue_depth" json:"queue_depth"`
+	// MaxITIULen caps the IU length requested at login (ib_srp's max_it_iu_size); 0: no cap.
+	MaxITIULen Size `yaml:"max_it_iu_len,omitempty" json:"max_it_iu_len,omitempty"`
+	// ImmediateData asks for SRP-2 immediate data (default true).
+	ImmediateData *bool `yaml:"immediate_data" json:"immediate_data"`
+	// ConnectTimeout bounds one connection attempt (address resolution, CM and login).
+	ConnectTimeout Duration `yaml:"connect_timeout" json:"connect_timeout"`
+	// ReconnectDelay, FastIOFailTmo and DevLossTmo are the scsi_transport_srp timers, "off" or
+	// a whole number of seconds, with the kernel's rules (srp_tmo_valid): defaults 10s, 15s,
+	// 600s.
+	ReconnectDelay *Timeout `yaml:"reconnect_delay" json:"reconnect_delay"`
+	FastIOFailTmo  *Timeout `yaml:"fast_io_fail_tmo" json:"fast_io_fail_tmo"`
+	DevLossTmo     *Timeout `yaml:"dev_loss_tmo" json:"dev_loss_tmo"`
+	// NBD exports remote LUNs as NBD servers on unix sockets (nbd-client -unix, qemu, nbdkit).
+	NBD []NBDExport `yaml:"nbd,omitempty" json:"nbd,omitempty"`
+}
+
+// NBDExport serves one remote LUN of a session over NBD.
+type NBDExport struct {
+	LUN    int    `yaml:"lun" json:"lun"`
+	Socket string `yaml:"socket" json:"socket"`
+}
+
+// Control is the control API's unix socket (srpctl).
+type Control struct {
+	// Socket is the path, /run/srpd/srpd.sock by default.
+	Socket string `yaml:"socket" json:"socket"`
+	// Mode is the socket's permission bits, 0660 by default.
+	Mode FileMode `yaml:"mode" json:"mode"`
+	// Group owns the socket (name or numeric id); empty: the daemon's group. Members may use
+	// srpctl without root.
+	Group string `yaml:"group,omitempty" json:"group,omitempty"`
+}
+
+// Logging configures the daemon's logs.
+type Logging struct {
+	// Level is debug, info (default), warn or error.
+	Level string `yaml:"level" json:"level"`
+	// Format is json (default) or console.
+	Format string `yaml:"format" json:"format"`
+}
+
+// Metrics configures the Prometheus endpoint.
+type Metrics struct {
+	// Listen is host:port for GET /metrics; empty: no metrics endpoint.
+	Listen string `yaml:"listen,omitempty" json:"listen,omitempty"`
+}
+
+// Bool returns a pointer to b (for the *bool fields).
+func Bool(b bool) *bool { return &b }
+
+// Target returns the target named name, or nil.
+func (c *Config) Target(name string) *Target {
+	for i := range c.Targets {
+		if c.Targets[i].Name == name {
+			return &c.Targets[i]
+		}
+	}
+	return nil
+}
+
+// Session returns the session named name, or nil.
+func (c *Config) Session(name string) *Session {
+	for i := range c.Sessions {
+		if c.Sessions[i].Name == name {
+			return &c.Sessions[i]
+		}
+	}
+	return nil
+}
+
+// Transport returns the transport named name, or nil.
+func (c *Config) Transport(name string) *Transport {
+	for i := range c.Transports {
+		if c.Transports[i].Name == name {
+			return &c.Transports[i]
+		}
+	}
+	return nil
+}
+
+// LUN returns the LUN with that id, or nil.
+func (t *Target) LUN(id int) *LUN {
+	for i := range t.LUNs {
+		if t.LUNs[i].ID == id {
+			return &t.LUNs[i]
+		}
+	}
+	return nil
+}
+
+// ACL returns the ACL entry naming ini exactly (or the "*" entry for AnyInitiator), or nil.
+func (t *Target) ACL(ini InitiatorID) *ACL {
+	for i := range t.ACLs {
+		if t.ACLs[i].Initiator == ini {
+			return &t.ACLs[i]
+		}
+	}
+	return nil
+}
+
+// Admit decides a login: the ACL that applies to initiator port p (its own entry, else "*"),
+// or nil when p may not log in.
+func (t *Target) Admit(p PortID) *ACL {
+	var any *ACL
+	for i := range t.ACLs {
+		a := &t.ACLs[i]
+		if a.Initiator.Matches(p) {
+			return a
+		}
+		if a.Initiator.Any {
+			any = a
+		}
+	}
+	return any
+}
+
+// Visible reports whether the ACL lets its initiator see LUN id (LUN masking).
+func (a *ACL) Visible(id int) bool {
+	if len(a.LUNs) == 0 {
+		return true
+	}
+	for _, l := range a.LUNs {
+		if l == id {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,155 @@
+package config
+
+import "strings"
+
+// SetDefaults fills every omitted (zero) field with its default, in place, so that the config
+// (and what Marshal writes) states every setting explicitly. It is idempotent. Parse and Load
+// call it; call it yourself on a Config built in code before Validate.
+func (c *Config) SetDefaults() {
+	nilIfEmpty(&c.Transports)
+	nilIfEmpty(&c.Targets)
+	nilIfEmpty(&c.Sessions)
+	if c.Version == 0 {
+		c.Version = DefaultVersion
+	}
+	for i := range c.Transports {
+		c.Transports[i].SetDefaults()
+	}
+	single := ""
+	if len(c.Transports) == 1 {
+		single = c.Transports[0].Name
+	}
+	for i := range c.Targets {
+		t := &c.Targets[i]
+		if t.Transport == "" {
+			t.Transport = single
+		}
+		t.SetDefaults()
+	}
+	for i := range c.Sessions {
+		s := &c.Sessions[i]
+		if s.Transport == "" {
+			s.Transport = single
+		}
+		s.SetDefaults()
+	}
+	if c.Control.Socket == "" {
+		c.Control.Socket = DefaultControlSocket
+	}
+	if c.Control.Mode == 0 {
+		c.Control.Mode = DefaultControlMode
+	}
+	if c.Logging.Level == "" {
+		c.Logging.Level = DefaultLogLevel
+	}
+	if c.Logging.Format == "" {
+		c.Logging.Format = DefaultLogFormat
+	}
+}
+
+// SetDefaults fills the transport's omitted fields. "verbs:<ibdev>" in Driver is split into
+// Driver and Device.
+func (t *Transport) SetDefaults() {
+	if dev, ok := strings.CutPrefix(t.Driver, DriverVerbs+":"); ok && t.Device == "" {
+		t.Driver, t.Device = DriverVerbs, dev
+	}
+	if t.Driver == "" {
+		t.Driver = DefaultDriver
+	}
+	switch t.Driver {
+	case DriverSoftRoCE:
+		if t.UDPPort == 0 {
+			t.UDPPort = DefaultUDPPort
+		}
+		if t.SocketBuffer == 0 {
+			t.SocketBuffer = DefaultSocketBuffer
+		}
+		if t.MTU == 0 {
+			t.MTU = DefaultSoftRoCEMTU
+		}
+	case DriverVerbs:
+		if t.Port == 0 {
+			t.Port = DefaultVerbsPort
+		}
+	}
+}
+
+// SetDefaults fills the target's omitted fields (not Transport, which depends on the Config).
+func (t *Target) SetDefaults() {
+	nilIfEmpty(&t.Listen)
+	nilIfEmpty(&t.LUNs)
+	nilIfEmpty(&t.ACLs)
+	for i := range t.ACLs {
+		nilIfEmpty(&t.ACLs[i].LUNs)
+	}
+	if t.CMPort == 0 {
+		t.CMPort = DefaultCMPort
+	}
+	for i := range t.LUNs {
+		t.LUNs[i].SetDefaults()
+	}
+	t.Limits.SetDefaults()
+}
+
+// SetDefaults fills the LUN's omitted fields.
+func (l *LUN) SetDefaults() {
+	if l.BlockSize == 0 {
+		l.BlockSize = DefaultBlockSize
+	}
+}
+
+// SetDefaults fills the omitted limits.
+func (l *Limits) SetDefaults() {
+	if l.MaxChannels == 0 {
+		l.MaxChannels = DefaultMaxChannels
+	}
+	if l.QueueDepth == 0 {
+		l.QueueDepth = DefaultTargetQueueDepth
+	}
+	if l.MaxITIULen == 0 {
+		l.MaxITIULen = DefaultMaxITIULen
+	}
+	if l.MaxTIIULen == 0 {
+		l.MaxTIIULen = DefaultMaxTIIULen
+	}
+	if l.ImmediateData == nil {
+		l.ImmediateData = Bool(true)
+	}
+}
+
+// SetDefaults fills the session's omitted fields (not Transport, which depends on the Config).
+func (s *Session) SetDefaults() {
+	nilIfEmpty(&s.NBD)
+	if s.Port == 0 {
+		s.Port = DefaultSessionPort
+	}
+	if s.ChCount == 0 {
+		s.ChCount = DefaultChCount
+	}
+	if s.QueueDepth == 0 {
+		s.QueueDepth = DefaultSessionQueueDepth
+	}
+	if s.ImmediateData == nil {
+		s.ImmediateData = Bool(true)
+	}
+	if s.ConnectTimeout == 0 {
+		s.ConnectTimeout = DefaultConnectTimeout
+	}
+	if s.ReconnectDelay == nil {
+		s.ReconnectDelay = TimeoutOf(DefaultReconnectDelay)
+	}
+	if s.FastIOFailTmo == nil {
+		s.FastIOFailTmo = TimeoutOf(DefaultFastIOFailTmo)
+	}
+	if s.DevLossTmo == nil {
+		s.DevLossTmo = TimeoutOf(DefaultDevLossTmo)
+	}
+}
+
+// nilIfEmpty makes an empty list nil, so that "listen: []", an omitted list and a JSON [] are
+// the same value (Equal, Diff, and Marshal, which omits empty lists).
+func nilIfEmpty[T any](s *[]T) {
+	if s != nil && len(*s) == 0 {
+		*s = nil
+	}
+}

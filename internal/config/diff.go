@@ -1,0 +1,180 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+)
+
+// Changes lists the keys of what was added, removed or changed between two configurations,
+// each in the order of the config they come from (Removed: the old one).
+type Changes[K comparable] struct {
+	Added   []K `json:"added,omitempty"`
+	Removed []K `json:"removed,omitempty"`
+	Changed []K `json:"changed,omitempty"`
+}
+
+// Empty reports whether nothing changed.
+func (c Changes[K]) Empty() bool {
+	return len(c.Added) == 0 && len(c.Removed) == 0 && len(c.Changed) == 0
+}
+
+// TargetDiff is how one target present in both configurations changed.
+type TargetDiff struct {
+	Name string `json:"name"`
+	// Settings: the transport, port ID, listen addresses, CM port or limits changed; the
+	// target's listener and sessions must be restarted.
+	Settings bool `json:"settings,omitempty"`
+	// LUNs by ID; a changed LUN has a new backend or settings.
+	LUNs Changes[int] `json:"luns"`
+	// ACLs by initiator ("*" or the port ID).
+	ACLs Changes[string] `json:"acls"`
+}
+
+// Changeset is what a reload has to apply to go from the old configuration to the new one.
+type Changeset struct {
+	// Transports by name. The daemon cannot swap a transport under live targets; a changed
+	// transport means restarting what uses it.
+	Transports Changes[string] `json:"transports"`
+	// Targets by name; Targets.Changed names the targets described in TargetDiffs.
+	Targets     Changes[string] `json:"targets"`
+	TargetDiffs []TargetDiff    `json:"target_diffs,omitempty"`
+	// Sessions (initiator connections) by name; a changed session reconnects.
+	Sessions Changes[string] `json:"sessions"`
+	// Control, Logging, Metrics: whether that section changed.
+	Control bool `json:"control,omitempty"`
+	Logging bool `json:"logging,omitempty"`
+	Metrics bool `json:"metrics,omitempty"`
+}
+
+// Empty reports whether the configurations are equivalent.
+func (d *Changeset) Empty() bool {
+	return d.Transports.Empty() && d.Targets.Empty() && d.Sessions.Empty() &&
+		!d.Control && !d.Logging && !d.Metrics
+}
+
+// Target returns the diff of the changed target named name, or nil.
+func (d *Changeset) Target(name string) *TargetDiff {
+	for i := range d.TargetDiffs {
+		if d.TargetDiffs[i].Name == name {
+			return &d.TargetDiffs[i]
+		}
+	}
+	return nil
+}
+
+// Summary describes the diff in one line per change, e.g. "target demo: LUN 1 added".
+func (d *Changeset) Summary() []string {
+	var out []string
+	list := func(what string, c Changes[string]) {
+		for _, n := range c.Added {
+			out = append(out, fmt.Sprintf("%s %s added", what, n))
+		}
+		for _, n := range c.Removed {
+			out = append(out, fmt.Sprintf("%s %s removed", what, n))
+		}
+		if what != "target" {
+			for _, n := range c.Changed {
+				out = append(out, fmt.Sprintf("%s %s changed", what, n))
+			}
+		}
+	}
+	list("transport", d.Transports)
+	list("target", d.Targets)
+	for _, t := range d.TargetDiffs {
+		if t.Settings {
+			out = append(out, fmt.Sprintf("target %s: settings changed", t.Name))
+		}
+		for _, id := range t.LUNs.Added {
+			out = append(out, fmt.Sprintf("target %s: LUN %d added", t.Name, id))
+		}
+		for _, id := range t.LUNs.Removed {
+			out = append(out, fmt.Sprintf("target %s: LUN %d removed", t.Name, id))
+		}
+		for _, id := range t.LUNs.Changed {
+			out = append(out, fmt.Sprintf("target %s: LUN %d changed", t.Name, id))
+		}
+		for _, a := range t.ACLs.Added {
+			out = append(out, fmt.Sprintf("target %s: ACL %s added", t.Name, a))
+		}
+		for _, a := range t.ACLs.Removed {
+			out = append(out, fmt.Sprintf("target %s: ACL %s removed", t.Name, a))
+		}
+		for _, a := range t.ACLs.Changed {
+			out = append(out, fmt.Sprintf("target %s: ACL %s changed", t.Name, a))
+		}
+	}
+	list("session", d.Sessions)
+	for _, s := range []struct {
+		name    string
+		changed bool
+	}{{"control", d.Control}, {"logging", d.Logging}, {"metrics", d.Metrics}} {
+		if s.changed {
+			out = append(out, s.name+" settings changed")
+		}
+	}
+	return out
+}
+
+func (d *Changeset) String() string { return strings.Join(d.Summary(), "\n") }
+
+// diffKeyed compares two lists of items identified by key.
+func diffKeyed[T any, K comparable](old, new []T, key func(*T) K, same func(a, b *T) bool) (c Changes[K]) {
+	idx := make(map[K]int, len(old))
+	for i := range old {
+		idx[key(&old[i])] = i
+	}
+	seen := make(map[K]bool, len(new))
+	for i := range new {
+		k := key(&new[i])
+		seen[k] = true
+		j, ok := idx[k]
+		switch {
+		case !ok:
+			c.Added = append(c.Added, k)
+		case !same(&old[j], &new[i]):
+			c.Changed = append(c.Changed, k)
+		}
+	}
+	for i := range old {
+		if k := key(&old[i]); !seen[k] {
+			c.Removed = append(c.Removed, k)
+		}
+	}
+	return c
+}
+
+func deepEqual[T any](a, b *T) bool { return reflect.DeepEqual(a, b) }
+
+// Diff tells which transports, targets (and within them LUNs and ACLs), sessions and
+// sections differ from old to new, for a SIGHUP reload that applies only the difference. Both
+// configurations should have their defaults applied.
+func Diff(old, new *Config) *Changeset {
+	d := &Changeset{
+		Transports: diffKeyed(old.Transports, new.Transports, func(t *Transport) string { return t.Name }, deepEqual[Transport]),
+		Sessions:   diffKeyed(old.Sessions, new.Sessions, func(s *Session) string { return s.Name }, deepEqual[Session]),
+		Control:    old.Control != new.Control,
+		Logging:    old.Logging != new.Logging,
+		Metrics:    old.Metrics != new.Metrics,
+	}
+	d.Targets = diffKeyed(old.Targets, new.Targets, func(t *Target) string { return t.Name }, func(a, b *Target) bool {
+		td := diffTarget(a, b)
+		if !td.Settings && td.LUNs.Empty() && td.ACLs.Empty() {
+			return true
+		}
+		d.TargetDiffs = append(d.TargetDiffs, td)
+		return false
+	})
+	return d
+}
+
+func diffTarget(a, b *Target) TargetDiff {
+	return TargetDiff{
+		Name: b.Name,
+		Settings: a.Transport != b.Transport || a.PortID != b.PortID || !slices.Equal(a.Listen, b.Listen) ||
+			a.CMPort != b.CMPort || !reflect.DeepEqual(a.Limits, b.Limits),
+		LUNs: diffKeyed(a.LUNs, b.LUNs, func(l *LUN) int { return l.ID }, deepEqual[LUN]),
+		ACLs: diffKeyed(a.ACLs, b.ACLs, func(x *ACL) string { return x.Initiator.String() }, deepEqual[ACL]),
+	}
+}

@@ -1,0 +1,617 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Limits of the schema.
+const (
+	MaxLUNID = 16383 // SAM flat-space addressing
+
+	minMaxITIULen = 996 // ib_srpt's srp_max_req_size minimum
+	maxIULen      = 1 << 20
+	minMaxTIIULen = 64
+	maxMaxTIIULen = 64 << 10
+	maxChannels   = 256
+	minQueueDepth = 2 // one credit stays reserved for task management
+	maxQueueDepth = 4096
+	maxSocketPath = 107 // sizeof(sun_path) - 1
+
+	// scsiDeviceBlockMaxTimeout is SCSI_DEVICE_BLOCK_MAX_TIMEOUT (600 s) of
+	// torvalds/linux:include/scsi/scsi_device.h: the longest a SCSI device may stay blocked.
+	scsiDeviceBlockMaxTimeout = 600 * time.Second
+)
+
+var (
+	nameRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+	ibdevRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+	groupRE  = regexp.MustCompile(`^([a-z_][a-z0-9_-]{0,30}[$]?|[0-9]{1,10})$`)
+	labelRE  = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
+	nameRule = "must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+)
+
+// validator collects problems, located through the source positions when there are any.
+type validator struct {
+	src  *source
+	errs ErrorList
+}
+
+func join(path, sub string) string {
+	if path == "" {
+		return sub
+	}
+	if strings.HasPrefix(sub, "[") {
+		return path + sub
+	}
+	return path + "." + sub
+}
+
+func index(path, list string, i int) string { return fmt.Sprintf("%s[%d]", join(path, list), i) }
+
+// parent strips the last element of a field path: a.b[2].c → a.b[2] → a.b → a → "".
+func parent(path string) string {
+	if i := strings.LastIndexAny(path, ".["); i >= 0 {
+		return path[:i]
+	}
+	return ""
+}
+
+func (v *validator) errorf(path string, kind error, format string, args ...any) {
+	e := &Error{Path: path, Msg: fmt.Sprintf(format, args...), Err: kind}
+	if v.src != nil {
+		for p := path; ; p = parent(p) {
+			if v.src.bad[p] {
+				return // already reported as a decoding error
+			}
+			if p == "" {
+				break
+			}
+		}
+		e.File = v.src.file
+		for p := path; ; p = parent(p) {
+			if at, ok := v.src.pos[p]; ok {
+				e.Line, e.Column = at.line, at.col
+				break
+			}
+			if p == "" {
+				break
+			}
+		}
+	}
+	v.errs = append(v.errs, e)
+}
+
+// Validate checks the whole configuration: every field, and the references and uniqueness rules
+// between sections. It expects defaults to be applied (SetDefaults). The error, if any, is an
+// ErrorList with every problem.
+func (c *Config) Validate() error {
+	v := &validator{src: c.src}
+	v.config(c)
+	return v.errs.err()
+}
+
+// Validate checks one target on its own (not its transport reference, nor what the rest of a
+// Config may conflict with). Defaults must be applied. Paths are relative to the target.
+func (t *Target) Validate() error {
+	v := &validator{}
+	v.target("", t)
+	return v.errs.err()
+}
+
+// Validate checks one LUN on its own. Defaults must be applied.
+func (l *LUN) Validate() error {
+	v := &validator{}
+	v.lun("", l)
+	return v.errs.err()
+}
+
+// Validate checks one ACL on its own (not whether its LUNs exist).
+func (a *ACL) Validate() error {
+	v := &validator{}
+	v.acl("", a, nil)
+	return v.errs.err()
+}
+
+// Validate checks one session on its own (not its transport reference). Defaults must be
+// applied.
+func (s *Session) Validate() error {
+	v := &validator{}
+	v.session("", s)
+	return v.errs.err()
+}
+
+func (v *validator) name(path, name string) {
+	switch {
+	case name == "":
+		v.errorf(path, ErrMissing, "required")
+	case !nameRE.MatchString(name):
+		v.errorf(path, ErrInvalid, "%q %s", name, nameRule)
+	}
+}
+
+func (v *validator) rng(path string, val, lo, hi int64, unit string) {
+	if val < lo || val > hi {
+		v.errorf(path, ErrInvalid, "%d%s is out of range: must be between %d and %d", val, unit, lo, hi)
+	}
+}
+
+func (v *validator) absPath(path, p string, maxLen int) bool {
+	switch {
+	case p == "":
+		v.errorf(path, ErrMissing, "required")
+	case strings.ContainsRune(p, 0):
+		v.errorf(path, ErrInvalid, "must not contain NUL bytes")
+	case !filepath.IsAbs(p):
+		v.errorf(path, ErrInvalid, "%q must be an absolute path", p)
+	case filepath.Clean(p) != p:
+		v.errorf(path, ErrInvalid, "%q is not a clean path (use %q)", p, filepath.Clean(p))
+	case len(p) > maxLen:
+		v.errorf(path, ErrInvalid, "path is %d bytes long, longer than %d", len(p), maxLen)
+	default:
+		return true
+	}
+	return false
+}
+
+func (v *validator) ip(path, s string) (netip.Addr, bool) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		v.errorf(path, ErrInvalid, "%q is not an IP address", s)
+		return a, false
+	}
+	return a, true
+}
+
+func validHost(s string) bool {
+	if _, err := netip.ParseAddr(s); err == nil {
+		return true
+	}
+	if len(s) == 0 || len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(s, "."), ".") {
+		if !labelRE.MatchString(l) {
+			return false
+		}
+	}
+	return true
+}
+
+func (v *validator) config(c *Config) {
+	if c.Version != DefaultVersion {
+		v.errorf("version", ErrInvalid, "unsupported version %d (this srpd reads version %d)", c.Version, DefaultVersion)
+	}
+
+	transports := map[string]int{}
+	for i := range c.Transports {
+		t := &c.Transports[i]
+		p := index("", "transports", i)
+		v.transport(p, t)
+		if j, dup := transports[t.Name]; dup && t.Name != "" {
+			v.errorf(join(p, "name"), ErrDuplicate, "transport %q is already defined by transports[%d]", t.Name, j)
+		} else {
+			transports[t.Name] = i
+		}
+	}
+	if len(c.Transports) == 0 && (len(c.Targets) > 0 || len(c.Sessions) > 0) {
+		v.errorf("transports", ErrMissing, "at least one transport is required for targets and sessions")
+	}
+	checkRef := func(path, ref string) *Transport {
+		switch {
+		case ref == "" && len(c.Transports) > 1:
+			v.errorf(path, ErrMissing, "required when several transports are defined")
+		case ref != "":
+			if i, ok := transports[ref]; ok {
+				return &c.Transports[i]
+			}
+			if len(c.Transports) > 0 {
+				v.errorf(path, ErrReference, "transport %q is not defined", ref)
+			}
+		}
+		return nil
+	}
+
+	targets := map[string]int{}
+	portIDs := map[string]int{}
+	paths := map[string]string{}
+	for i := range c.Targets {
+		t := &c.Targets[i]
+		p := index("", "targets", i)
+		v.target(p, t)
+		if j, dup := targets[t.Name]; dup && t.Name != "" {
+			v.errorf(join(p, "name"), ErrDuplicate, "target %q is already defined by targets[%d]", t.Name, j)
+		} else {
+			targets[t.Name] = i
+		}
+		tr := checkRef(join(p, "transport"), t.Transport)
+		if !t.PortID.IsZero() {
+			key := t.Transport + "/" + t.PortID.String()
+			if j, dup := portIDs[key]; dup {
+				v.errorf(join(p, "port_id"), ErrDuplicate, "port id %s is already used by targets[%d] on the same transport", t.PortID, j)
+			} else {
+				portIDs[key] = i
+			}
+		}
+		if tr != nil && tr.Driver == DriverSoftRoCE && tr.Address != "" {
+			if ta, err := netip.ParseAddr(tr.Address); err == nil && !ta.IsUnspecified() {
+				for k, l := range t.Listen {
+					if la, err := netip.ParseAddr(l); err == nil && la != ta {
+						v.errorf(index(p, "listen", k), ErrInvalid,
+							"%s is not an address of transport %q, which is bound to %s only", l, tr.Name, tr.Address)
+					}
+				}
+			}
+		}
+		for k := range t.LUNs {
+			l := &t.LUNs[k]
+			if l.Path == "" || l.Backend == BackendRAM {
+				continue
+			}
+			lp := join(index(p, "luns", k), "path")
+			if prev, dup := paths[l.Path]; dup {
+				v.errorf(lp, ErrDuplicate, "%s is already exported by %s", l.Path, prev)
+			} else {
+				paths[l.Path] = index(p, "luns", k)
+			}
+		}
+	}
+
+	sessions := map[string]int{}
+	remotes := map[string]int{}
+	sockets := map[string]string{c.Control.Socket: "control.socket"}
+	for i := range c.Sessions {
+		s := &c.Sessions[i]
+		p := index("", "sessions", i)
+		v.session(p, s)
+		if j, dup := sessions[s.Name]; dup && s.Name != "" {
+			v.errorf(join(p, "name"), ErrDuplicate, "session %q is already defined by sessions[%d]", s.Name, j)
+		} else {
+			sessions[s.Name] = i
+		}
+		checkRef(join(p, "transport"), s.Transport)
+		if !s.TargetPortID.IsZero() {
+			// ib_srp refuses a second login with the same target port and initiator_ext
+			// ("Already connected to target port"); so do we.
+			key := s.Transport + "/" + s.TargetPortID.String() + "/" + s.InitiatorExt.String()
+			if j, dup := remotes[key]; dup {
+				v.errorf(join(p, "initiator_ext"), ErrDuplicate,
+					"sessions[%d] already logs in to target port %s with initiator_ext %s", j, s.TargetPortID, s.InitiatorExt)
+			} else {
+				remotes[key] = i
+			}
+		}
+		for k, e := range s.NBD {
+			if e.Socket == "" {
+				continue
+			}
+			np := join(index(p, "nbd", k), "socket")
+			if prev, dup := sockets[e.Socket]; dup {
+				v.errorf(np, ErrDuplicate, "%s is already used by %s", e.Socket, prev)
+			} else {
+				sockets[e.Socket] = np
+			}
+		}
+	}
+
+	v.control("control", &c.Control)
+	switch c.Logging.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		v.errorf("logging.level", ErrInvalid, "%q must be debug, info, warn or error", c.Logging.Level)
+	}
+	switch c.Logging.Format {
+	case "json", "console":
+	default:
+		v.errorf("logging.format", ErrInvalid, "%q must be json or console", c.Logging.Format)
+	}
+	if c.Metrics.Listen != "" {
+		v.hostPort("metrics.listen", c.Metrics.Listen)
+	}
+}
+
+func (v *validator) hostPort(path, s string) {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		v.errorf(path, ErrInvalid, "%q must be host:port, e.g. 127.0.0.1:9650 or [::1]:9650", s)
+		return
+	}
+	if host != "" && !validHost(host) {
+		v.errorf(path, ErrInvalid, "%q is not an IP address or host name", host)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		v.errorf(path, ErrInvalid, "port %q must be a number between 1 and 65535", port)
+	}
+}
+
+func (v *validator) transport(p string, t *Transport) {
+	v.name(join(p, "name"), t.Name)
+	switch t.MTU {
+	case 256, 512, 1024, 2048, 4096:
+	case 0:
+		if t.Driver != DriverVerbs {
+			v.errorf(join(p, "mtu"), ErrMissing, "required (defaults not applied)")
+		}
+	default:
+		v.errorf(join(p, "mtu"), ErrInvalid, "%d must be 256, 512, 1024, 2048 or 4096 (a RoCE path MTU, not the Ethernet MTU)", t.MTU)
+	}
+	only := func(field, driver string, set bool) {
+		if set {
+			v.errorf(join(p, field), ErrInvalid, "only applies to the %s driver", driver)
+		}
+	}
+	switch t.Driver {
+	case DriverSoftRoCE:
+		switch {
+		case t.Address == "" && t.Interface == "":
+			v.errorf(join(p, "address"), ErrMissing, "the softroce driver needs an address or an interface")
+		case t.Address != "" && t.Interface != "":
+			v.errorf(join(p, "interface"), ErrInvalid, "address and interface are mutually exclusive")
+		case t.Address != "":
+			v.ip(join(p, "address"), t.Address)
+		default:
+			if len(t.Interface) > 15 || strings.ContainsAny(t.Interface, "/: \t\n") {
+				v.errorf(join(p, "interface"), ErrInvalid, "%q is not a network interface name", t.Interface)
+			}
+		}
+		v.rng(join(p, "udp_port"), int64(t.UDPPort), 1, 65535, "")
+		v.rng(join(p, "socket_buffer"), int64(t.SocketBuffer), 64<<10, 1<<30, " bytes")
+		only("device", DriverVerbs, t.Device != "")
+		only("port", DriverVerbs, t.Port != 0)
+	case DriverVerbs:
+		if !VerbsSupported {
+			v.errorf(join(p, "driver"), ErrUnsupported,
+				"this build of srpd has no verbs support (rebuild with -tags verbs, or use driver softroce)")
+		}
+		switch {
+		case t.Device == "":
+			v.errorf(join(p, "device"), ErrMissing, "the verbs driver needs an RDMA device name (see `srpctl link list`)")
+		case !ibdevRE.MatchString(t.Device):
+			v.errorf(join(p, "device"), ErrInvalid, "%q is not an RDMA device name", t.Device)
+		}
+		v.rng(join(p, "port"), int64(t.Port), 1, 255, "")
+		only("address", DriverSoftRoCE, t.Address != "")
+		only("interface", DriverSoftRoCE, t.Interface != "")
+		only("udp_port", DriverSoftRoCE, t.UDPPort != 0)
+		only("socket_buffer", DriverSoftRoCE, t.SocketBuffer != 0)
+	default:
+		v.errorf(join(p, "driver"), ErrInvalid, "%q must be softroce or verbs (or verbs:<device>)", t.Driver)
+	}
+}
+
+func (v *validator) target(p string, t *Target) {
+	v.name(join(p, "name"), t.Name)
+	if t.Transport != "" && !nameRE.MatchString(t.Transport) {
+		v.errorf(join(p, "transport"), ErrInvalid, "%q %s", t.Transport, nameRule)
+	}
+	if t.PortID.IsZero() {
+		v.errorf(join(p, "port_id"), ErrMissing, "required (32 hexadecimal digits: id_ext then ioc_guid)")
+	}
+	seen := map[netip.Addr]bool{}
+	for i, l := range t.Listen {
+		lp := index(p, "listen", i)
+		if a, ok := v.ip(lp, l); ok {
+			if seen[a] {
+				v.errorf(lp, ErrDuplicate, "%s is listed twice", l)
+			}
+			seen[a] = true
+		}
+	}
+	v.rng(join(p, "cm_port"), int64(t.CMPort), 1, 65535, "")
+
+	ids := map[int]int{}
+	for i := range t.LUNs {
+		l := &t.LUNs[i]
+		lp := index(p, "luns", i)
+		v.lun(lp, l)
+		if j, dup := ids[l.ID]; dup {
+			v.errorf(join(lp, "id"), ErrDuplicate, "LUN %d is already defined by luns[%d]", l.ID, j)
+		} else {
+			ids[l.ID] = i
+		}
+	}
+	inis := map[InitiatorID]int{}
+	for i := range t.ACLs {
+		a := &t.ACLs[i]
+		ap := index(p, "acls", i)
+		v.acl(ap, a, ids)
+		if a.Initiator.IsZero() {
+			continue
+		}
+		if j, dup := inis[a.Initiator]; dup {
+			v.errorf(join(ap, "initiator"), ErrDuplicate, "initiator %s already has an ACL (acls[%d])", a.Initiator, j)
+		} else {
+			inis[a.Initiator] = i
+		}
+	}
+	v.limits(join(p, "limits"), &t.Limits)
+}
+
+func (v *validator) lun(p string, l *LUN) {
+	v.rng(join(p, "id"), int64(l.ID), 0, MaxLUNID, "")
+	blockOK := l.BlockSize == 512 || l.BlockSize == 4096
+	if !blockOK {
+		v.errorf(join(p, "block_size"), ErrInvalid, "%d must be 512 or 4096", l.BlockSize)
+	}
+	not := func(field string, set bool) {
+		if set {
+			v.errorf(join(p, field), ErrInvalid, "does not apply to the %s backend", l.Backend)
+		}
+	}
+	switch l.Backend {
+	case BackendRAM:
+		if l.Size == 0 {
+			v.errorf(join(p, "size"), ErrMissing, "the ram backend needs a size (e.g. 64MiB)")
+		}
+		not("path", l.Path != "")
+		not("create", l.Create)
+		not("direct", l.Direct)
+	case BackendFile:
+		v.absPath(join(p, "path"), l.Path, 4095)
+		if l.Create && l.Size == 0 {
+			v.errorf(join(p, "size"), ErrMissing, "create needs a size for the new file")
+		}
+		if l.Create && l.ReadOnly {
+			v.errorf(join(p, "create"), ErrInvalid, "a read-only LUN cannot create its file")
+		}
+	case BackendBlockDev:
+		v.absPath(join(p, "path"), l.Path, 4095)
+		not("size", l.Size != 0)
+		not("create", l.Create)
+	case "":
+		v.errorf(join(p, "backend"), ErrMissing, "required: ram, file or blockdev")
+	default:
+		v.errorf(join(p, "backend"), ErrInvalid, "%q must be ram, file or blockdev", l.Backend)
+	}
+	if l.Size < 0 {
+		v.errorf(join(p, "size"), ErrInvalid, "must not be negative")
+	} else if blockOK && l.Size%Size(l.BlockSize) != 0 {
+		v.errorf(join(p, "size"), ErrInvalid, "%s must be a multiple of the block size (%d)", l.Size, l.BlockSize)
+	}
+	if len(l.Serial) > 64 {
+		v.errorf(join(p, "serial"), ErrInvalid, "is %d bytes long, longer than 64", len(l.Serial))
+	}
+	for _, r := range l.Serial {
+		if r < 0x20 || r > 0x7e {
+			v.errorf(join(p, "serial"), ErrInvalid, "must be printable ASCII")
+			break
+		}
+	}
+}
+
+// acl checks one ACL; luns (LUN id → index), when not nil, are the LUNs it may name.
+func (v *validator) acl(p string, a *ACL, luns map[int]int) {
+	if a.Initiator.IsZero() {
+		v.errorf(join(p, "initiator"), ErrMissing, `required: an initiator port id (32 hexadecimal digits) or "*"`)
+	}
+	seen := map[int]bool{}
+	for i, id := range a.LUNs {
+		lp := index(p, "luns", i)
+		switch _, ok := luns[id]; {
+		case id < 0 || id > MaxLUNID:
+			v.rng(lp, int64(id), 0, MaxLUNID, "")
+		case seen[id]:
+			v.errorf(lp, ErrDuplicate, "LUN %d is listed twice", id)
+		case luns != nil && !ok:
+			v.errorf(lp, ErrReference, "LUN %d is not defined in this target", id)
+		}
+		seen[id] = true
+	}
+}
+
+func (v *validator) limits(p string, l *Limits) {
+	v.rng(join(p, "max_channels"), int64(l.MaxChannels), 1, maxChannels, "")
+	v.rng(join(p, "queue_depth"), int64(l.QueueDepth), minQueueDepth, maxQueueDepth, "")
+	v.rng(join(p, "max_it_iu_len"), int64(l.MaxITIULen), minMaxITIULen, maxIULen, " bytes")
+	v.rng(join(p, "max_ti_iu_len"), int64(l.MaxTIIULen), minMaxTIIULen, maxMaxTIIULen, " bytes")
+}
+
+func (v *validator) session(p string, s *Session) {
+	v.name(join(p, "name"), s.Name)
+	if s.Transport != "" && !nameRE.MatchString(s.Transport) {
+		v.errorf(join(p, "transport"), ErrInvalid, "%q %s", s.Transport, nameRule)
+	}
+	switch {
+	case s.Address == "":
+		v.errorf(join(p, "address"), ErrMissing, "required: the target's IP address or host name")
+	case !validHost(s.Address):
+		v.errorf(join(p, "address"), ErrInvalid, "%q is not an IP address or host name (give the port in port:)", s.Address)
+	}
+	v.rng(join(p, "port"), int64(s.Port), 1, 65535, "")
+	if s.Source != "" {
+		v.ip(join(p, "source"), s.Source)
+	}
+	if s.TargetPortID.IsZero() {
+		v.errorf(join(p, "target_port_id"), ErrMissing, "required (32 hexadecimal digits: id_ext then ioc_guid)")
+	}
+	v.rng(join(p, "ch_count"), int64(s.ChCount), 1, maxChannels, "")
+	v.rng(join(p, "queue_depth"), int64(s.QueueDepth), minQueueDepth, maxQueueDepth, "")
+	if s.MaxITIULen != 0 {
+		v.rng(join(p, "max_it_iu_len"), int64(s.MaxITIULen), 64, maxIULen, " bytes")
+	}
+	if d := time.Duration(s.ConnectTimeout); d < time.Second || d > 10*time.Minute {
+		v.errorf(join(p, "connect_timeout"), ErrInvalid, "%s must be between 1s and 10m", d)
+	}
+	v.timeouts(p, s)
+	luns := map[int]int{}
+	for i, e := range s.NBD {
+		np := index(p, "nbd", i)
+		v.rng(join(np, "lun"), int64(e.LUN), 0, MaxLUNID, "")
+		if j, dup := luns[e.LUN]; dup {
+			v.errorf(join(np, "lun"), ErrDuplicate, "LUN %d is already exported by nbd[%d]", e.LUN, j)
+		} else {
+			luns[e.LUN] = i
+		}
+		v.absPath(join(np, "socket"), e.Socket, maxSocketPath)
+	}
+}
+
+// timeouts applies srp_tmo_valid() of torvalds/linux:drivers/scsi/scsi_transport_srp.c to the
+// session's reconnect_delay, fast_io_fail_tmo and dev_loss_tmo, "off" standing for the kernel's
+// negative values:
+//
+//	if (reconnect_delay < 0 && fast_io_fail_tmo < 0 && dev_loss_tmo < 0) return -EINVAL;
+//	if (reconnect_delay == 0) return -EINVAL;
+//	if (fast_io_fail_tmo > SCSI_DEVICE_BLOCK_MAX_TIMEOUT) return -EINVAL;
+//	if (fast_io_fail_tmo < 0 && dev_loss_tmo > SCSI_DEVICE_BLOCK_MAX_TIMEOUT) return -EINVAL;
+//	if (dev_loss_tmo >= LONG_MAX / HZ) return -EINVAL;
+//	if (fast_io_fail_tmo >= 0 && dev_loss_tmo >= 0 && fast_io_fail_tmo >= dev_loss_tmo)
+//		return -EINVAL;
+//
+// The kernel counts whole seconds (srp_parse_tmo uses kstrtoint), so sub-second values are
+// refused rather than rounded. The LONG_MAX / HZ bound (about 2.9e8 years at HZ=1000) lies past
+// the largest time.Duration, so it can never apply here.
+func (v *validator) timeouts(p string, s *Session) {
+	rd, ff, dl := s.ReconnectDelay, s.FastIOFailTmo, s.DevLossTmo
+	pRD, pFF, pDL := join(p, "reconnect_delay"), join(p, "fast_io_fail_tmo"), join(p, "dev_loss_tmo")
+	ok := true
+	for _, t := range []struct {
+		path string
+		tmo  *Timeout
+	}{{pRD, rd}, {pFF, ff}, {pDL, dl}} {
+		switch {
+		case t.tmo == nil:
+			v.errorf(t.path, ErrMissing, "required (defaults not applied)")
+			ok = false
+		case !t.tmo.Off() && t.tmo.Duration()%time.Second != 0:
+			v.errorf(t.path, ErrInvalid, "%s must be a whole number of seconds (or off)", t.tmo.Duration())
+		}
+	}
+	if !ok {
+		return
+	}
+	switch {
+	case rd.Off() && ff.Off() && dl.Off():
+		v.errorf(pRD, ErrInvalid, "reconnect_delay, fast_io_fail_tmo and dev_loss_tmo must not all be off")
+	case !rd.Off() && rd.Duration() == 0:
+		v.errorf(pRD, ErrInvalid, "must not be 0s (use off to never reconnect)")
+	}
+	if !ff.Off() && ff.Duration() > scsiDeviceBlockMaxTimeout {
+		v.errorf(pFF, ErrInvalid, "%s must be at most %s (SCSI_DEVICE_BLOCK_MAX_TIMEOUT)", ff.Duration(), scsiDeviceBlockMaxTimeout)
+	}
+	if ff.Off() && !dl.Off() && dl.Duration() > scsiDeviceBlockMaxTimeout {
+		v.errorf(pDL, ErrInvalid, "%s must be at most %s while fast_io_fail_tmo is off (SCSI_DEVICE_BLOCK_MAX_TIMEOUT)",
+			dl.Duration(), scsiDeviceBlockMaxTimeout)
+	}
+	if !ff.Off() && !dl.Off() && ff.Duration() >= dl.Duration() {
+		v.errorf(pFF, ErrInvalid, "%s must be less than dev_loss_tmo (%s)", ff.Duration(), dl.Duration())
+	}
+}
+
+func (v *validator) control(p string, c *Control) {
+	v.absPath(join(p, "socket"), c.Socket, maxSocketPath)
+	if c.Mode > 0o777 {
+		v.errorf(join(p, "mode"), ErrInvalid, "%s has bits outside 0777", c.Mode)
+	} else if c.Mode&0o600 != 0o600 {
+		v.errorf(join(p, "mode"), ErrInvalid, "%s must give the owner read and write (0600)", c.Mode)
+	}
+	if c.Group != "" && !groupRE.MatchString(c.Group) {
+		v.errorf(join(p, "group"), ErrInvalid, "%q is not a group name or numeric group id", c.Group)
+	}
+}

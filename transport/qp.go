@@ -111,12 +111,14 @@ type AddressVector struct {
 	// for running several devices on one host (tests); the verbs engine accepts only 0 or 4791.
 	DstPort uint16
 	// SrcPort is the UDP source port for this QP's packets (flow entropy, rdma_get_udp_sport);
-	// 0 lets the engine choose (0xC000 | hash of the QPNs). Engines whose link sends from one
-	// socket may only be able to honour it approximately; receivers ignore it.
+	// 0 lets the engine choose (0xC000 | hash of the QPNs). Receivers ignore it; softroce's
+	// packets leave from its link's port, so there the value is recorded but not applied.
 	SrcPort      uint16
 	FlowLabel    uint32 // IPv6 flow label (20 bits); informational for RoCEv2 over IPv4
-	TrafficClass uint8  // IPv4 TOS / IPv6 traffic class
-	HopLimit     uint8  // TTL / hop limit; 0 means 64
+	TrafficClass uint8  // IPv4 TOS / IPv6 traffic class (per packet in softroce)
+	// HopLimit is the TTL / hop limit (0 means 64). softroce's links set it per socket
+	// (link.UDPOptions.TTL), so there the per-QP value is recorded but not applied.
+	HopLimit uint8
 }
 
 // Dst returns the remote UDP endpoint.

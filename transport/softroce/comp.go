@@ -37,7 +37,23 @@ func (q *qp) completeWQE(w *sendWQE) {
 	}
 	q.postSendWC(w, transport.WCSuccess, false)
 	q.sqHead++
+	if q.sqReq == q.sqHead-1 {
+		// Acknowledged while go-back-N was retransmitting it: the requester moves on to the
+		// next WQE, at the PSN that follows this one.
+		q.sqReq = q.sqHead
+		q.req.noack = 0
+		if q.req.psn.Less(q.comp.psn) {
+			q.req.psn = q.comp.psn
+		}
+	}
 	q.retire()
+}
+
+// acked reports whether a SEND/WRITE WQE at the head can be completed by an acknowledgement
+// of its last PSN: it is waiting for one, or it is being retransmitted after having been sent
+// completely once (a late ACK of the first transmission).
+func (q *qp) acked(w *sendWQE) bool {
+	return w.state == wqePending || (w.state == wqePosted && w.tx && w.lastPSN.Less(q.req.high))
 }
 
 // compError fails the head WQE with st and moves the QP to ERR (COMPST_ERROR).
@@ -80,7 +96,7 @@ func (q *qp) compPacket(p wire.Packet, op wire.Opcode, psn wire.PSN, now time.Ti
 		}
 		// check_psn
 		if psn.Sub(w.lastPSN) > 0 {
-			if w.state != wqePending {
+			if !q.acked(w) {
 				return
 			}
 			if isRead(w.wr.Opcode) {
@@ -93,7 +109,7 @@ func (q *qp) compPacket(p wire.Packet, op wire.Opcode, psn wire.PSN, now time.Ti
 		}
 		diff := psn.Sub(q.comp.psn)
 		if diff < 0 {
-			if psn == w.lastPSN && !isRead(w.wr.Opcode) && w.state == wqePending && op == wire.RCAcknowledge &&
+			if psn == w.lastPSN && !isRead(w.wr.Opcode) && q.acked(w) && op == wire.RCAcknowledge &&
 				p.AETH().Syndrome().Type() == wire.SyndromeACK {
 				q.completeWQE(w)
 				return
@@ -106,7 +122,11 @@ func (q *qp) compPacket(p wire.Packet, op wire.Opcode, psn wire.PSN, now time.Ti
 				return // duplicate
 			}
 		} else if diff > 0 && isRead(w.wr.Opcode) {
-			return // gap in read responses: the timer (or an implied NAK) will retry
+			// A gap in the READ responses: rxe drops the packet and waits for the local ACK
+			// timeout; we re-request the rest at once (once per gap: startedRetry), which is
+			// what the timeout would do, only sooner.
+			q.errorRetry(false)
+			return
 		}
 		q.checkAck(p, op, psn, w, now)
 		return
@@ -156,7 +176,7 @@ func (q *qp) checkAck(p wire.Packet, op wire.Opcode, psn wire.PSN, w *sendWQE, n
 				return
 			}
 			q.resetRetry()
-			if w.state == wqePending && w.lastPSN == psn && !isRead(w.wr.Opcode) {
+			if w.lastPSN == psn && !isRead(w.wr.Opcode) && q.acked(w) {
 				q.completeWQE(w)
 			}
 			q.updateComp(op, psn)

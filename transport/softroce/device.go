@@ -14,15 +14,19 @@
 // state does not allocate per packet or per work request.
 //
 // Not implemented: atomics (compare-swap, fetch-add, ATOMIC_WRITE and FLUSH requests are NAKed
-// with "invalid request", and atomic WRs are refused at post time), UD/UC QPs, SRQs, memory
-// windows, alternate paths, and connection management (next step, over QP1).
+// with "invalid request", and atomic WRs are refused at post time), UD/UC QPs (but QP1, the GSI
+// QP that carries CM MADs: qp1.go), SRQs, memory windows, alternate paths. Connection management
+// (transport.ConnManager over the IB CM on QP1) is in cmapi.go.
 //
 // Deviations from rxe, on purpose: a failed remote invalidate (SEND_WITH_INV naming a key
 // that is not in force) is answered with NAK invalid request (rxe sends a positive ACK and
 // then stalls); READ responses are streamed by the transmit loop, so a later WRITE or SEND on
 // the same QP may execute before the earlier READ's responses have all been read from memory
 // (rxe executes strictly in order); CNPs (opcode 0x81) are accepted and counted (rxe drops
-// them).
+// them); as requester, a gap in READ responses re-requests the rest at once instead of waiting
+// for the local ACK timeout, and a positive ACK covering a READ whose responses were not seen
+// is an implied NAK (rxe would complete the READ without its data); completing a WQE through a
+// coalesced ACK also acknowledges its PSNs (comp.psn moves past it).
 package softroce
 
 import (
@@ -36,6 +40,7 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"golang.org/x/sys/unix"
 
 	"github.com/srpd/srpd/transport"
 	"github.com/srpd/srpd/transport/softroce/link"
@@ -74,6 +79,7 @@ type Device struct {
 	addrs []netip.AddrPort
 	gids  []transport.GID
 	port  uint16
+	cm    *cmState // connection management over QP1 (qp1.go, cmapi.go)
 
 	mu sync.Mutex
 	// sendMu orders link sends as packets were built: a goroutine takes it before releasing mu
@@ -168,6 +174,8 @@ func Open(cfg Config) (*Device, error) {
 	if len(d.addrs) > 0 {
 		d.port = d.addrs[0].Port()
 	}
+	d.log.Debug("device open", zap.Stringers("addrs", d.addrs))
+	d.cm = newCMState(d)
 	d.wg.Add(2)
 	go d.rxLoop()
 	go d.txLoop()
@@ -218,6 +226,11 @@ func (d *Device) AllocMemory(n int) (transport.Memory, error) {
 	}
 	r := &region{dev: d, buf: buf}
 	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		_ = unix.Munmap(buf)
+		return nil, transport.ErrClosed
+	}
 	d.mem.add(r)
 	d.mu.Unlock()
 	return memory{r}, nil
@@ -284,14 +297,14 @@ func (d *Device) Close(ctx context.Context) error {
 
 	var drainErr error
 	tick := time.NewTicker(time.Millisecond)
+drain:
 	for !d.drained() {
 		select {
 		case <-ctx.Done():
 			drainErr = ctx.Err()
+			break drain
 		case <-tick.C:
-			continue
 		}
-		break
 	}
 	tick.Stop()
 
@@ -436,6 +449,7 @@ func (d *Device) rxLoop() {
 		}
 		clear(d.touched)
 		d.touched = d.touched[:0]
+		ctl = d.cmTx(ctl)
 		if len(ctl) == 0 {
 			d.mu.Unlock()
 			continue
@@ -474,6 +488,7 @@ func (d *Device) txLoop() {
 			d.fireTimers(now)
 		}
 		pkts = d.transmit(pkts[:0], bufs, now)
+		pkts = d.cmTx(pkts)
 		deadline := d.deadline
 		if len(pkts) > 0 {
 			d.sendMu.Lock()
@@ -532,6 +547,7 @@ func (d *Device) fireTimers(now time.Time) {
 			}
 		}
 	}
+	d.cmTimers(now)
 }
 
 // input dispatches one received packet (rxe_rcv + hdr_check). dev.mu held.
@@ -547,8 +563,12 @@ func (d *Device) input(pk *link.Packet, now time.Time) {
 		d.stats.cnps.Add(1)
 		return
 	}
+	if op.Transport() == wire.TransportUD {
+		d.cmInput(pk, p, now) // QP1: CM MADs
+		return
+	}
 	if op.Transport() != wire.TransportRC {
-		d.stats.dropped.Add(1) // UD/UC/RD: no such QPs yet (QP1/CM is the next step)
+		d.stats.dropped.Add(1) // UC/RD: no such QPs
 		return
 	}
 	if !pkeyMatch(bth.PKey()) {
@@ -571,6 +591,7 @@ func (d *Device) input(pk *link.Packet, now time.Time) {
 			d.stats.dropped.Add(1)
 			return
 		}
+		d.cmCommEst(q, now) // first packet of a connection whose RTU is outstanding
 		q.respond(p, now)
 		return
 	}

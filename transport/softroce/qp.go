@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/srpd/srpd/transport"
 	"github.com/srpd/srpd/transport/softroce/link"
 	"github.com/srpd/srpd/transport/softroce/wire"
@@ -266,9 +268,15 @@ func (q *qp) Query() transport.QPAttr {
 }
 
 func (q *qp) Modify(attr *transport.QPAttr, mask transport.QPAttrMask) error {
+	q.dev.mu.Lock()
+	defer q.dev.mu.Unlock()
+	return q.modifyLocked(attr, mask)
+}
+
+// modifyLocked is Modify with dev.mu held (the connection manager applies its QP updates from
+// the receive and timer loops, qp1.go).
+func (q *qp) modifyLocked(attr *transport.QPAttr, mask transport.QPAttrMask) error {
 	d := q.dev
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	if q.closed {
 		return &transport.ModifyError{From: q.state, To: attr.State, Err: transport.ErrClosed}
 	}
@@ -375,6 +383,9 @@ func (q *qp) toError() {
 	if q.state == transport.QPSErr || q.state == transport.QPSReset {
 		q.state = transport.QPSErr
 		return
+	}
+	if q.dev.debug {
+		q.dev.log.Debug("qp enters ERR", zap.Uint32("qpn", q.qpn), zap.Stringer("from", q.state))
 	}
 	q.state = transport.QPSErr
 	q.retransAt, q.rnrAt = time.Time{}, time.Time{}

@@ -1,3 +1,81 @@
-// Package target is the SRP target: listeners, login and ACLs, channels, credits, command
-// dispatch to scsi LUNs and task management. It is the only place where SRP meets SCSI.
+// Package target is the SRP target: login and ACLs, channels, credits, command dispatch to scsi
+// LUNs and task management. It is the only place where SRP meets SCSI.
+//
+// # Shape
+//
+// A Target is one SRP target port (Config.PortID = id_ext + ioc_guid). Each initiator port
+// that logs in gets an I_T nexus (a session) with one or more channels; each channel is one RC
+// QP. ACLs map initiator port identifiers to views: a scsi.LUNSet with the LUNs that initiator
+// may see (masking: REPORT LUNS lists only those, other LUN numbers answer 25/00) and, per LUN,
+// whether it is read-only for that initiator.
+//
+// Logins come from Serve (a transport.Listener: CM REQ private data → decision → REP with
+// SRP_LOGIN_RSP, or REJ "consumer defined" with SRP_LOGIN_REJ), or from Login for a QP the
+// caller connects itself (tests, or a CM the caller drives): Login decides, creates the
+// channel's resources and returns a PendingChannel whose QP is in INIT with its receive ring
+// posted; once the QP is in RTS, Establish starts the channel. The decision itself
+// (decideLogin, exposed as DecideLogin) is a pure function of the target's configuration, the
+// request, the connection and the number of channels the nexus has; see decideLogin for the
+// reject reasons and why a missing ACL is 0x00010006.
+//
+// # A channel
+//
+// One goroutine per channel owns everything of it: it polls the channel's CQ, receives IUs,
+// keeps the credits, posts RDMA READ / RDMA WRITE / SEND work requests and answers; LUN workers
+// only execute commands and post an event back. Commands execute on per-LUN worker pools
+// (Limits.LUNWorkers goroutines per LUN at most, shared by every session, started on demand and
+// gone after 100 ms idle), so a slow LUN holds only its own workers; see lunQueue for the
+// dispatch order that keeps ORDERED task attributes deadlock free with bounded workers. Every
+// request slot (QueueDepth+1 of them) has its response buffer, external descriptor table buffer
+// and Limits.MaxTransfer bytes of data buffer in one memory area registered at login: nothing
+// is registered or allocated per I/O (BenchmarkCommandPath: 0 allocs/op).
+//
+// Command path: receive → credit → srp.ParseCmd (with the negotiated immediate-data offset) →
+// the view's ParseCDB (direction, length) → LUNSet.Admit in arrival order → RDMA READ of
+// external indirect tables, if any → RDMA READ of data-out (or immediate data used in place in
+// the receive buffer) → execution on a LUN worker → SRP_RSP (status, sense truncated to MAX TI
+// IU LEN, residuals: computeResiduals) posted after the data-in RDMA WRITEs as one
+// all-or-nothing chain with only the SEND signaled, the receive buffer reposted first.
+//
+// # Credits
+//
+// The login grants QueueDepth credits; each SRP_CMD and SRP_TSK_MGMT consumes one; each SRP_RSP
+// returns 1 plus the credits of requests that ended without a response (aborted). When owed
+// credits have no response to ride on, the channel sends SRP_CRED_REQ (ib_srpt never does,
+// which can starve an idle channel). A request beyond the credits is answered at once with
+// BUSY (TSK_MGMT: FUNCTION FAILED) and delta 1, holding nothing; the receive ring has one
+// buffer more than the credits (for SRP_CRED_RSP), and an initiator that ignores credits
+// beyond that meets RNR NAKs, never a target that runs out of anything. See credits.
+//
+// # Task management
+//
+// ABORT TASK, ABORT TASK SET, CLEAR TASK SET and LOGICAL UNIT RESET abort commands in the LUN
+// queues (undispatched ones at once, running ones through their context: scsi reports TASK
+// ABORTED for a command still waiting for its turn, a command already running on the backend
+// completes); aborted commands get no response (SAM, and ib_srpt) and their credits are
+// returned as above; the TM response goes out once every aborted command has ended. CLEAR ACA
+// and unknown functions: FUNCTION NOT SUPPORTED. See handleTM.
+//
+// # Teardown
+//
+// SRP_I_LOGOUT, a CM DREQ, a transport error, a SINGLE login of the same initiator (T_LOGOUT
+// reason 4), a protocol error (T_LOGOUT with its reason: 2 invalid IU type, 3 unexpected
+// response, 8 invalid IU length), Channel.Close (reason 1) or Target.Close (reason 0) close a
+// channel: its commands are aborted, T_LOGOUT is sent if asked for (bounded by
+// Limits.LogoutTimeout), the QP goes to ERR (CM DREQ when there is a connection) and the
+// channel waits for every work request to flush and every executing command to return,
+// bounded by Limits.TeardownTimeout; past it the transport resources are destroyed anyway and
+// the memory a still-executing command uses is released when that command returns (never
+// "waiting for unregistration" forever). The last channel of a session reports I_T nexus loss
+// to the LUNs.
+//
+// # Data mover
+//
+// RDMA READ and WRITE are posted directly: one work request per remote descriptor, from the
+// request slot's registered data buffer, only the last of a chain signaled; send-queue slots
+// are accounted by the channel so a chain is never refused (it waits in FIFO order instead).
+// frpool's RW contexts (frpool/rw.go) do the same with MR-free local memory and read waves
+// bounded by max_rd_atomic; the channel should move to them once that package settles
+// (postChain, fetchTables, afterTables and respondCmd are the only places that build RDMA work
+// requests).
 package target

@@ -1,0 +1,722 @@
+package target
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/srp"
+	"github.com/srpd/srpd/transport"
+)
+
+// Work request IDs: kind in the top bits, "last WR of a chain" flag, then an index.
+const (
+	idKindShift = 60
+	idRecv      = uint64(1) << idKindShift
+	idCtx       = uint64(2) << idKindShift
+	idCtl       = uint64(3) << idKindShift
+	idLast      = uint64(1) << 59
+	idIndexMask = uint64(1)<<32 - 1
+)
+
+// events handed to a channel's loop by other goroutines.
+type evKind uint8
+
+const (
+	evExecuted evKind = iota + 1 // a LUN worker executed c
+	evAborted                    // c was aborted before it was dispatched (and withdrawn)
+	evTMDone                     // task management c has nothing left to wait for
+)
+
+type event struct {
+	kind evKind
+	c    *ioCtx
+}
+
+// chState is the lifecycle of a channel.
+type chState uint32
+
+const (
+	chLive       chState = iota // processing IUs
+	chLoggingOut                // SRP_T_LOGOUT posted, waiting for its completion
+	chDraining                  // disconnected (QP in ERR): waiting for flushes and executions
+	chClosed                    // resources released (or handed to the reaper)
+)
+
+var chStateNames = [...]string{"live", "logging-out", "draining", "closed"}
+
+func (s chState) String() string { return chStateNames[s] }
+
+// ctlBuf is a send buffer for target-initiated IUs (SRP_T_LOGOUT, SRP_CRED_REQ).
+type ctlBuf struct {
+	buf  []byte
+	addr uint64
+	busy bool
+}
+
+// closeReq asks a channel to close.
+type closeReq struct {
+	logout bool
+	reason srp.TLogoutReason
+	why    string
+}
+
+// channel is one RDMA channel (one RC QP) of a session. Everything but the close request, the
+// event queue and the statistics is owned by the channel's loop goroutine (run): receive and
+// send completions, credits, contexts and posting all happen there, so the data path takes no
+// lock of its own. LUN workers only execute commands and post events back.
+type channel struct {
+	t     *Target
+	sess  *session
+	id    uint64
+	log   *zap.Logger
+	view  *view
+	nexus scsi.Nexus
+
+	dev  transport.Device
+	pd   transport.PD
+	cq   transport.CQ
+	qp   transport.QP
+	mem  transport.Memory
+	mr   transport.MR
+	lkey uint32
+	conn transport.CMConn
+
+	depth, itLen, tiLen, immOff int
+	maxDesc                     int
+	maxXfer                     int
+
+	// receive ring
+	nRecv      int
+	recvBase   int
+	recvStride int
+	posted     int
+	recvWR     [1]transport.RecvWR
+	recvSGE    [1]transport.SGE
+
+	ctxs   []*ioCtx
+	free   []*ioCtx
+	queues map[*scsi.LUN]*lunQueue // cache of Target.queueFor
+	parked []parkedIU
+	tags   map[srp.Tag]*ioCtx
+	cr     credits
+	owed   int // contexts holding a credit not yet answered or dropped
+
+	sqCap, sqFree int
+	sqHead        *ioCtx
+	sqTail        *ioCtx
+
+	ctl        [2]ctlBuf
+	ctlWR      [1]transport.SendWR
+	ctlSGE     [1]transport.SGE
+	credReqOut bool
+	credTag    srp.Tag
+	credSeq    uint64
+
+	events chan event
+
+	reqMu  sync.Mutex
+	req    *closeReq
+	wake   chan struct{}
+	state  atomic.Uint32 // chState
+	why    string
+	dl     time.Time // logout or drain deadline
+	forced bool
+	done   chan struct{}
+	reaped chan struct{} // closed once the memory is released
+
+	stats chanCounters
+}
+
+type parkedIU struct {
+	slot int
+	n    int
+}
+
+func (ch *channel) st() chState { return chState(ch.state.Load()) }
+
+// queueFor is Target.queueFor through a per-channel cache (no target lock per command).
+func (ch *channel) queueFor(l *scsi.LUN) *lunQueue {
+	q := ch.queues[l]
+	if q == nil {
+		q = ch.t.queueFor(l)
+		ch.queues[l] = q
+	}
+	return q
+}
+
+// post hands an event to the loop. The queue holds one event per context, and a context
+// has at most one event outstanding, so this never blocks.
+func (ch *channel) post(ev event) { ch.events <- ev }
+
+// requestClose asks the loop to close the channel (any goroutine).
+func (ch *channel) requestClose(r closeReq) {
+	ch.reqMu.Lock()
+	if ch.req == nil {
+		ch.req = &r
+	}
+	ch.reqMu.Unlock()
+	select {
+	case ch.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (ch *channel) recvBuf(slot int) []byte {
+	off := ch.recvBase + slot*ch.recvStride
+	return ch.mem.Bytes()[off : off+ch.itLen]
+}
+
+// repost gives receive buffer slot back to the receive queue (while the channel is live).
+func (ch *channel) repost(slot int) {
+	if slot < 0 || ch.st() != chLive {
+		return
+	}
+	if err := ch.postRecv(slot); err != nil {
+		ch.fail("posting a receive", err)
+	}
+}
+
+func (ch *channel) postRecv(slot int) error {
+	off := ch.recvBase + slot*ch.recvStride
+	ch.recvSGE[0] = transport.SGE{Addr: ch.mem.Addr() + uint64(off), Length: uint32(ch.itLen), LKey: ch.lkey}
+	ch.recvWR[0] = transport.RecvWR{ID: idRecv | uint64(slot), SGL: ch.recvSGE[:]}
+	if err := ch.qp.PostRecv(ch.recvWR[:]); err != nil {
+		return err
+	}
+	ch.posted++
+	return nil
+}
+
+// run is the channel's loop.
+func (ch *channel) run() {
+	defer ch.t.loops.Done()
+	wcs := make([]transport.WC, 64)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var cmEvents <-chan transport.CMEvent
+	if ch.conn != nil {
+		cmEvents = ch.conn.Events()
+	}
+	notify := ch.cq.Notify()
+	for {
+		progress := false
+		if n := ch.cq.Poll(wcs); n > 0 {
+			for i := range wcs[:n] {
+				ch.onWC(&wcs[i])
+			}
+			progress = true
+		}
+	drain:
+		for {
+			select {
+			case ev := <-ch.events:
+				ch.onEvent(ev)
+				progress = true
+			default:
+				break drain
+			}
+		}
+		ch.checkRequest()
+		if ch.st() == chLive {
+			ch.maybeCredReq()
+		}
+		if s := ch.st(); s != chLive {
+			if ch.drained() {
+				if s == chLoggingOut {
+					ch.disconnect()
+					continue
+				}
+				break
+			}
+			if !time.Now().Before(ch.dl) {
+				if s == chLoggingOut {
+					ch.log.Debug("T_LOGOUT not completed in time; disconnecting")
+					ch.disconnect()
+					continue
+				}
+				ch.forced = true
+				break
+			}
+		}
+		if progress {
+			continue
+		}
+		if s := ch.st(); s != chLive {
+			timer.Reset(time.Until(ch.dl))
+		}
+		select {
+		case <-notify:
+		case ev := <-ch.events:
+			ch.onEvent(ev)
+		case <-ch.wake:
+		case e, ok := <-cmEvents:
+			if !ok {
+				cmEvents = nil
+				break
+			}
+			if e.Type == transport.CMEventDisconnected {
+				ch.requestClose(closeReq{why: "disconnected by the initiator (DREQ)"})
+			}
+		case <-timer.C:
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+	ch.destroy()
+}
+
+// drained reports whether nothing of the channel is outstanding any more: for logging out,
+// the T_LOGOUT's completion; for draining, every receive flushed and every context free.
+func (ch *channel) drained() bool {
+	if ch.st() == chLoggingOut {
+		return !ch.ctl[0].busy
+	}
+	if ch.posted > 0 || ch.ctl[0].busy || ch.ctl[1].busy {
+		return false
+	}
+	return len(ch.free) == len(ch.ctxs)
+}
+
+func (ch *channel) checkRequest() {
+	ch.reqMu.Lock()
+	r := ch.req
+	ch.reqMu.Unlock()
+	if r == nil || ch.st() != chLive {
+		return
+	}
+	if r.logout {
+		ch.startClose(&r.reason, r.why)
+	} else {
+		ch.startClose(nil, r.why)
+	}
+}
+
+// startClose begins the teardown: abort everything in flight, send SRP_T_LOGOUT if asked (and
+// possible), then disconnect.
+func (ch *channel) startClose(reason *srp.TLogoutReason, why string) {
+	if ch.st() != chLive {
+		return
+	}
+	ch.why = why
+	ch.log.Info("closing channel", zap.String("why", why))
+	ch.state.Store(uint32(chLoggingOut))
+	ch.abortAll()
+	if reason != nil && ch.qp.State() == transport.QPSRTS && !ch.ctl[0].busy {
+		b := ch.ctl[0].buf
+		n, _ := srp.TLogout(b).Encode(&srp.TLogoutFields{Reason: *reason})
+		if ch.postCtl(0, n, true) {
+			ch.stats.tlogouts.Add(1)
+			ch.dl = time.Now().Add(ch.t.lim.LogoutTimeout)
+			ch.log.Debug("sent T_LOGOUT", zap.Stringer("reason", *reason))
+			return
+		}
+	}
+	ch.disconnect()
+}
+
+// disconnect moves the QP to ERR (with a CM DREQ when there is a connection) so that every
+// outstanding work request flushes.
+func (ch *channel) disconnect() {
+	ch.state.Store(uint32(chDraining))
+	ch.dl = time.Now().Add(ch.t.lim.TeardownTimeout)
+	if ch.conn != nil {
+		if err := ch.conn.Disconnect(nil); err != nil {
+			ch.log.Debug("disconnect", zap.Error(err))
+		}
+	}
+	if ch.qp.State() != transport.QPSErr {
+		if err := ch.qp.Modify(&transport.QPAttr{State: transport.QPSErr}, transport.AttrState); err != nil {
+			ch.log.Debug("moving the QP to ERR", zap.Error(err))
+		}
+	}
+	// Contexts waiting for send-queue slots will never get them.
+	for c := ch.sqHead; c != nil; {
+		n := c.sqNextW
+		c.sqNextW = nil
+		ch.dropUnposted(c)
+		c = n
+	}
+	ch.sqHead, ch.sqTail = nil, nil
+}
+
+// fail handles a fatal error of the transport: close without T_LOGOUT.
+func (ch *channel) fail(what string, err error) {
+	ch.stats.errors.Add(1)
+	if ch.st() == chLive {
+		ch.log.Warn("channel failed", zap.String("while", what), zap.Error(err))
+		ch.startClose(nil, what+": "+err.Error())
+	}
+}
+
+// protocolError answers an unusable IU with SRP_T_LOGOUT and closes the channel.
+func (ch *channel) protocolError(reason srp.TLogoutReason, detail string) {
+	ch.stats.badIUs.Add(1)
+	if ch.st() == chLive {
+		ch.log.Warn("protocol error; logging the initiator out", zap.Stringer("reason", reason), zap.String("detail", detail))
+		ch.startClose(&reason, "protocol error: "+reason.String())
+	}
+}
+
+// abortAll ends every request of the channel (teardown): commands are aborted in their LUN
+// queues, parked IUs dropped.
+func (ch *channel) abortAll() {
+	ch.stats.dropped.Add(uint64(len(ch.parked)))
+	ch.parked = ch.parked[:0]
+	for _, c := range ch.ctxs {
+		if c.kind == kCmd && c.lq != nil && (c.state == csTables || c.state == csFetch || c.state == csExec) {
+			c.lq.abort(func(x *ioCtx) bool { return x == c }, nil)
+		}
+	}
+}
+
+// ---- completions ----
+
+func (ch *channel) onWC(wc *transport.WC) {
+	switch wc.ID &^ (idLast | idIndexMask) {
+	case idRecv:
+		ch.onRecv(wc)
+	case idCtx:
+		ch.onCtxWC(wc)
+	case idCtl:
+		ch.onCtlWC(wc)
+	default:
+		ch.log.Error("completion with an unknown work request ID", zap.Uint64("id", wc.ID))
+	}
+}
+
+func (ch *channel) onRecv(wc *transport.WC) {
+	ch.posted--
+	slot := int(wc.ID & idIndexMask)
+	if wc.Status != transport.WCSuccess {
+		if wc.Status != transport.WCWRFlushErr || ch.st() == chLive {
+			ch.fail("receive", fmt.Errorf("completion status %v", wc.Status))
+		}
+		return
+	}
+	if ch.st() != chLive {
+		return
+	}
+	ch.stats.ius.Add(1)
+	n := int(wc.ByteLen)
+	if len(ch.parked) > 0 || !ch.handleIU(slot, ch.recvBuf(slot)[:n]) {
+		ch.parked = append(ch.parked, parkedIU{slot: slot, n: n})
+		ch.stats.parked.Add(1)
+	}
+}
+
+func (ch *channel) onCtxWC(wc *transport.WC) {
+	c := ch.ctxs[wc.ID&idIndexMask]
+	if wc.Status != transport.WCSuccess {
+		if c.wrErr == transport.WCSuccess {
+			c.wrErr = wc.Status
+		}
+		if wc.Status != transport.WCWRFlushErr || ch.st() == chLive {
+			ch.fail(fmt.Sprintf("%v for %v", wc.Opcode, c.state), fmt.Errorf("completion status %v", wc.Status))
+		}
+	}
+	if wc.ID&idLast == 0 {
+		return
+	}
+	ch.sqFree += c.sqUsed
+	c.sqUsed = 0
+	switch c.state {
+	case csTables:
+		if c.wrErr != transport.WCSuccess || ch.st() != chLive {
+			ch.withdrawDrop(c)
+		} else {
+			ch.afterTables(c)
+		}
+	case csFetch:
+		if c.wrErr != transport.WCSuccess || ch.st() != chLive {
+			ch.withdrawDrop(c)
+		} else {
+			ch.stats.bytesOut.Add(uint64(c.xferOut))
+			ch.ready(c)
+		}
+	case csSend:
+		ch.release(c)
+	default:
+		ch.log.Error("send completion for a context in state " + c.state.String())
+	}
+	ch.kickSQ()
+}
+
+func (ch *channel) onCtlWC(wc *transport.WC) {
+	i := wc.ID & idIndexMask
+	ch.ctl[i].busy = false
+	if wc.Status != transport.WCSuccess && (wc.Status != transport.WCWRFlushErr || ch.st() == chLive) {
+		ch.fail("control send", fmt.Errorf("completion status %v", wc.Status))
+	}
+}
+
+func (ch *channel) onEvent(ev event) {
+	c := ev.c
+	switch ev.kind {
+	case evExecuted:
+		if c.aborted.Load() || ch.st() != chLive {
+			ch.drop(c)
+		} else {
+			ch.respondCmd(c)
+		}
+	case evAborted:
+		ch.drop(c)
+	case evTMDone:
+		ch.finishTM(c)
+	}
+}
+
+// ---- contexts ----
+
+func (ch *channel) alloc(kind ctxKind, slot int) *ioCtx {
+	c := ch.free[len(ch.free)-1]
+	ch.free = ch.free[:len(ch.free)-1]
+	c.reset(kind, slot)
+	return c
+}
+
+// release frees a context and lets a parked IU use it.
+func (ch *channel) release(c *ioCtx) {
+	if c.slot >= 0 {
+		ch.repost(c.slot)
+		c.slot = -1
+	}
+	if c.inTags {
+		delete(ch.tags, c.tag)
+		c.inTags = false
+	}
+	c.state = csFree
+	ch.free = append(ch.free, c)
+	for len(ch.parked) > 0 && len(ch.free) > 0 && ch.st() == chLive {
+		p := ch.parked[0]
+		if !ch.handleIU(p.slot, ch.recvBuf(p.slot)[:p.n]) {
+			break
+		}
+		copy(ch.parked, ch.parked[1:])
+		ch.parked = ch.parked[:len(ch.parked)-1]
+	}
+}
+
+// drop ends a request without a response (aborted, or the channel is closing); its credit is
+// owed to the initiator.
+func (ch *channel) drop(c *ioCtx) {
+	if c.credit {
+		ch.cr.dropped()
+		ch.owed--
+		c.credit = false
+		ch.stats.aborted.Add(1)
+	}
+	ch.release(c)
+	ch.publishCredits()
+}
+
+// withdrawDrop takes an admitted command whose data transfer did not happen out of its LUN
+// queue and drops it.
+func (ch *channel) withdrawDrop(c *ioCtx) {
+	if c.lq != nil {
+		c.lq.withdraw(c)
+	}
+	ch.drop(c)
+}
+
+// dropUnposted ends a context whose work requests were never posted.
+func (ch *channel) dropUnposted(c *ioCtx) {
+	switch c.next {
+	case csTables, csFetch:
+		ch.withdrawDrop(c)
+	default:
+		ch.release(c)
+	}
+}
+
+func (ch *channel) publishCredits() {
+	ch.stats.reqLim.Store(int64(ch.cr.reqLim))
+	ch.stats.pending.Store(int64(ch.cr.pending))
+	ch.stats.returned.Store(ch.cr.returned)
+}
+
+// ---- send queue ----
+
+// postChain posts c.wrs[:c.nwr] (the last one signaled) and moves c to state next, or queues c
+// until the send queue has room. Posting is all-or-nothing; SQ slots are accounted here so
+// that a chain is never refused for lack of room.
+func (ch *channel) postChain(c *ioCtx, next cstate) {
+	n := c.nwr
+	for i := range c.wrs[:n] {
+		c.wrs[i].ID = idCtx | uint64(c.idx)
+		c.wrs[i].Flags &^= transport.SendSignaled
+	}
+	c.wrs[n-1].ID |= idLast
+	c.wrs[n-1].Flags |= transport.SendSignaled
+	if ch.sqHead != nil || ch.sqFree < n {
+		c.state, c.next = csWaitSQ, next
+		if ch.sqTail != nil {
+			ch.sqTail.sqNextW = c
+		} else {
+			ch.sqHead = c
+		}
+		ch.sqTail = c
+		ch.stats.sqWaits.Add(1)
+		return
+	}
+	ch.doPost(c, next)
+}
+
+func (ch *channel) doPost(c *ioCtx, next cstate) {
+	n := c.nwr
+	if err := ch.qp.PostSend(c.wrs[:n]); err != nil {
+		c.state = csWaitSQ
+		c.next = next
+		ch.dropUnposted(c)
+		ch.fail("posting work requests", err)
+		return
+	}
+	ch.sqFree -= n
+	c.sqUsed = n
+	c.state = next
+}
+
+func (ch *channel) kickSQ() {
+	for c := ch.sqHead; c != nil && ch.sqFree >= c.nwr && ch.st() == chLive; c = ch.sqHead {
+		ch.sqHead = c.sqNextW
+		if ch.sqHead == nil {
+			ch.sqTail = nil
+		}
+		c.sqNextW = nil
+		ch.doPost(c, c.next)
+	}
+}
+
+// postCtl sends n bytes of control buffer i (one reserved SQ slot each).
+func (ch *channel) postCtl(i, n int, solicited bool) bool {
+	cb := &ch.ctl[i]
+	ch.ctlSGE[0] = transport.SGE{Addr: cb.addr, Length: uint32(n), LKey: ch.lkey}
+	fl := transport.SendSignaled
+	if solicited {
+		fl |= transport.SendSolicited
+	}
+	ch.ctlWR[0] = transport.SendWR{ID: idCtl | idLast | uint64(i), Opcode: transport.WRSend, Flags: fl, SGL: ch.ctlSGE[:]}
+	if err := ch.qp.PostSend(ch.ctlWR[:]); err != nil {
+		ch.log.Debug("posting a control IU", zap.Error(err))
+		return false
+	}
+	cb.busy = true // its send-queue slot is one of the two reserved at creation
+	return true
+}
+
+// maybeCredReq returns owed credits with SRP_CRED_REQ when no response is coming that could
+// carry them (pain point: ib_srpt only piggybacks them, so an idle channel whose commands were
+// aborted by another channel's task management starves).
+func (ch *channel) maybeCredReq() {
+	if ch.cr.pending == 0 || ch.owed > 0 || ch.credReqOut || ch.ctl[1].busy {
+		return
+	}
+	ch.credSeq++
+	be.PutUint64(ch.credTag[:], ch.credSeq|1<<63)
+	d := ch.cr.credReq()
+	n, _ := srp.CredReq(ch.ctl[1].buf).Encode(&srp.CredReqFields{ReqLimDelta: d, Tag: ch.credTag})
+	if !ch.postCtl(1, n, false) {
+		ch.cr.pending += d // not sent: still owed
+		ch.cr.reqLim -= d
+		return
+	}
+	ch.credReqOut = true
+	ch.stats.credReqs.Add(1)
+	ch.publishCredits()
+}
+
+// ---- teardown ----
+
+// destroy releases the channel's transport resources. Memory that a LUN worker may still be
+// writing into (a command that outlived the drain deadline) is released by a reaper goroutine
+// once those commands return.
+func (ch *channel) destroy() {
+	ch.state.Store(uint32(chClosed))
+	busy := 0
+	for _, c := range ch.ctxs {
+		switch c.state {
+		case csFree:
+		case csExec, csTM:
+			busy++
+		case csTables, csFetch, csWaitSQ:
+			if c.lq != nil {
+				c.lq.withdraw(c)
+			}
+			if c.credit {
+				c.credit = false
+				ch.owed--
+			}
+			c.state = csFree
+		default:
+			c.state = csFree
+		}
+	}
+	if ch.forced {
+		ch.t.stats.teardownTimeouts.Add(1)
+		ch.log.Warn("channel drain timed out; releasing its resources anyway",
+			zap.Int("executing", busy), zap.Int("receives_outstanding", ch.posted))
+	}
+	var errs []error
+	if err := ch.qp.Close(); err != nil && !errors.Is(err, transport.ErrClosed) {
+		errs = append(errs, fmt.Errorf("QP: %w", err))
+	}
+	if err := ch.cq.Close(); err != nil && !errors.Is(err, transport.ErrClosed) {
+		errs = append(errs, fmt.Errorf("CQ: %w", err))
+	}
+	if busy == 0 {
+		ch.releaseMemory(errs)
+		ch.t.channelGone(ch)
+		return
+	}
+	ch.t.reapers.Add(1)
+	go ch.reap(busy, errs)
+	ch.t.channelGone(ch)
+}
+
+// reap waits for the commands that were still executing at the drain deadline and releases
+// the memory they used.
+func (ch *channel) reap(busy int, errs []error) {
+	defer ch.t.reapers.Done()
+	for busy > 0 {
+		ev := <-ch.events
+		switch ev.kind {
+		case evExecuted, evAborted, evTMDone:
+			if ev.c.state == csExec || ev.c.state == csTM {
+				ev.c.state = csFree
+				busy--
+			}
+		}
+	}
+	ch.releaseMemory(errs)
+}
+
+func (ch *channel) releaseMemory(errs []error) {
+	if err := ch.mr.Close(); err != nil && !errors.Is(err, transport.ErrClosed) {
+		errs = append(errs, fmt.Errorf("MR: %w", err))
+	} else {
+		ch.t.stats.mrs.Add(-1)
+	}
+	n := ch.mem.Len()
+	if err := ch.mem.Free(); err != nil {
+		errs = append(errs, fmt.Errorf("memory: %w", err))
+	} else {
+		ch.t.stats.memBytes.Add(-int64(n))
+	}
+	if err := ch.pd.Close(); err != nil && !errors.Is(err, transport.ErrClosed) {
+		errs = append(errs, fmt.Errorf("PD: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		ch.log.Error("releasing channel resources", zap.Error(err))
+	}
+	ch.log.Info("channel closed", zap.String("why", ch.why))
+	close(ch.reaped)
+}

@@ -1,0 +1,495 @@
+package target
+
+import (
+	"encoding/binary"
+
+	"go.uber.org/zap"
+
+	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/srp"
+	"github.com/srpd/srpd/transport"
+)
+
+var be = binary.BigEndian
+
+// handleIU processes one received IU. It returns false if the IU needs a request context and
+// none is free: the caller parks it (its receive buffer stays unposted) until one is.
+//
+// Bad IUs: an IU too short for its opcode is answered with SRP_T_LOGOUT "invalid IU length"
+// (8); an opcode that is not an initiator-to-target IU with "invalid IU type" (2); an
+// SRP_CRED_RSP or SRP_AER_RSP that answers nothing we sent with "unexpected response" (3). An
+// SRP_CMD whose fixed part is there but whose descriptors are unusable is answered with CHECK
+// CONDITION (INVALID FIELD IN COMMAND INFORMATION UNIT), like any failed command.
+func (ch *channel) handleIU(slot int, b []byte) bool {
+	if len(b) == 0 {
+		ch.protocolError(srp.TLogoutInvalidIULength, "empty IU")
+		return true
+	}
+	switch op := srp.Opcode(b[0]); op {
+	case srp.OpCmd:
+		return ch.handleCmd(slot, b)
+	case srp.OpTskMgmt:
+		return ch.handleTM(slot, b)
+	case srp.OpILogout:
+		if _, err := srp.ParseILogout(b); err != nil {
+			ch.protocolError(srp.TLogoutInvalidIULength, err.Error())
+			return true
+		}
+		ch.stats.ilogouts.Add(1)
+		ch.startClose(nil, "initiator logout (SRP_I_LOGOUT)")
+	case srp.OpCredRsp:
+		r, err := srp.ParseCredRsp(b)
+		if err != nil {
+			ch.protocolError(srp.TLogoutInvalidIULength, err.Error())
+			return true
+		}
+		if !ch.credReqOut || r.Tag() != ch.credTag {
+			ch.protocolError(srp.TLogoutUnexpectedResponse, "SRP_CRED_RSP without SRP_CRED_REQ")
+			return true
+		}
+		ch.credReqOut = false
+		ch.repost(slot)
+	case srp.OpAerRsp:
+		ch.protocolError(srp.TLogoutUnexpectedResponse, "SRP_AER_RSP without SRP_AER_REQ")
+	default:
+		ch.protocolError(srp.TLogoutInvalidIUType, op.String())
+	}
+	return true
+}
+
+// handleCmd starts an SRP_CMD: credit, parse, checks, admission to the LUN's task set, then the
+// descriptor tables and data-out.
+func (ch *channel) handleCmd(slot int, b []byte) bool {
+	if len(b) < srp.CmdHdrLen {
+		ch.protocolError(srp.TLogoutInvalidIULength, "SRP_CMD shorter than 48 bytes")
+		return true
+	}
+	if len(ch.free) == 0 {
+		return false
+	}
+	c := ch.alloc(kCmd, slot)
+	copy(c.tag[:], b[8:16])
+	c.solNot = srp.SolNot(b[1])
+	c.credit = true
+	ch.owed++
+	ch.stats.commands.Add(1)
+	if !ch.cr.consume() {
+		// Overrun: answer at once, hold nothing.
+		ch.stats.overruns.Add(1)
+		ch.repost(c.slot)
+		c.slot = -1
+		ch.respondPre(c, scsi.StatusBusy, nil)
+		return true
+	}
+	cmd, err := srp.ParseCmd(b, ch.immOff)
+	if err != nil {
+		ch.stats.badCmds.Add(1)
+		ch.log.Debug("unusable SRP_CMD", zap.Stringer("tag", c.tag), zap.Error(err))
+		ch.respondPre(c, scsi.StatusCheckCondition, &senseInvalidIUField)
+		return true
+	}
+	if ch.tags[c.tag] != nil {
+		ch.respondPre(c, scsi.StatusCheckCondition, &senseOverlapped)
+		return true
+	}
+	ch.tags[c.tag] = c
+	c.inTags = true
+	copy(c.lunAddr[:], b[20:28])
+
+	if s := ch.setupDesc(c, cmd.DataOut(), &c.out, &c.extOut, &c.outTotal); s != nil {
+		ch.respondPre(c, scsi.StatusCheckCondition, s)
+		return true
+	}
+	if s := ch.setupDesc(c, cmd.DataIn(), &c.in, &c.extIn, &c.inTotal); s != nil {
+		ch.respondPre(c, scsi.StatusCheckCondition, s)
+		return true
+	}
+	if cmd.DataOutFormat() == srp.DescImmediate {
+		c.imm = cmd.ImmData(ch.immOff)
+		ch.stats.immCmds.Add(1)
+	}
+	// The buffer lengths as the IU states them (residuals of a command refused before its
+	// descriptors are resolved); afterTables recomputes them from the resolved lists.
+	c.dOut, c.dIn = cmd.DataOut().DataLen(), cmd.DataIn().DataLen()
+
+	c.cmd.CDB = cmd.CDB()
+	c.cmd.LUN = c.lunAddr
+	c.cmd.Nexus = ch.nexus
+	c.cmd.Attr = scsi.TaskAttr(cmd.TaskAttr())
+	c.cmd.Sense = c.sense[:]
+	set := ch.view.set
+	c.lun = set.Lookup(c.lunAddr)
+	info, perr := set.ParseCDB(c.lunAddr, c.cmd.CDB)
+	c.info, c.cdbErr = info, perr != nil
+	if !c.cdbErr {
+		if ch.view.isReadOnly(c.lun) && isMediumWrite(c.cmd.CDB[0]) {
+			ch.respondPre(c, scsi.StatusCheckCondition, &senseWriteProtected)
+			return true
+		}
+		if uint64(info.Length) > uint64(ch.maxXfer) {
+			ch.respondPre(c, scsi.StatusCheckCondition, &senseTooLong)
+			return true
+		}
+	}
+	ch.queueFor(c.lun).admit(c, set)
+	if c.extOut || c.extIn {
+		ch.fetchTables(c)
+		return true
+	}
+	ch.afterTables(c)
+	return true
+}
+
+// setupDesc resolves the in-IU part of one data buffer description. It returns the sense data
+// to fail the command with, or nil.
+func (ch *channel) setupDesc(c *ioCtx, d srp.DataBuf, s *descSet, ext *bool, total *uint32) *scsi.Sense {
+	switch d.Format {
+	case srp.DescDirect:
+		s.isDirect, s.direct = true, d.Direct
+	case srp.DescIndirect:
+		*total = d.Total
+		if d.External() {
+			if d.TableCount() > ch.maxDesc {
+				return &senseNoResources
+			}
+			*ext = true
+			return nil
+		}
+		if d.List.Len() > ch.maxDesc {
+			return &senseNoResources
+		}
+		s.list = d.List
+	}
+	return nil
+}
+
+// fetchTables reads the external indirect descriptor tables from the initiator (RDMA READ into
+// the context's table buffer: data-out table first, then data-in).
+func (ch *channel) fetchTables(c *ioCtx) {
+	ch.stats.extTables.Add(1)
+	off := 0
+	c.nwr = 0
+	for _, d := range [2]struct {
+		ext bool
+		b   srp.DataBuf
+	}{{c.extOut, c.dataBuf(true)}, {c.extIn, c.dataBuf(false)}} {
+		if !d.ext {
+			continue
+		}
+		n := int(d.b.Table.Len)
+		c.sges[c.nwr] = transport.SGE{Addr: c.extAddr + uint64(off), Length: uint32(n), LKey: ch.lkey}
+		c.wrs[c.nwr] = transport.SendWR{Opcode: transport.WRRDMARead, SGL: c.sges[c.nwr : c.nwr+1 : c.nwr+1],
+			RemoteAddr: d.b.Table.VA, RKey: d.b.Table.Key}
+		c.nwr++
+		off += n
+	}
+	ch.postChain(c, csTables)
+}
+
+// dataBuf re-reads a data buffer description from the command IU still in the receive buffer.
+func (c *ioCtx) dataBuf(out bool) srp.DataBuf {
+	cmd := srp.Cmd(c.ch.recvBuf(c.slot))
+	if out {
+		return cmd.DataOut()
+	}
+	return cmd.DataIn()
+}
+
+// afterTables continues a command once all its descriptors are known: fetch data-out, or go
+// straight to execution.
+func (ch *channel) afterTables(c *ioCtx) {
+	off := 0
+	if c.extOut {
+		n := int(c.dataBuf(true).Table.Len)
+		c.out.list = srp.DescList(c.ext[off : off+n])
+		off += n
+		if c.out.list.TotalLen() != uint64(c.outTotal) {
+			ch.failAdmitted(c, &senseInvalidIUField)
+			return
+		}
+	}
+	if c.extIn {
+		n := int(c.dataBuf(false).Table.Len)
+		c.in.list = srp.DescList(c.ext[off : off+n])
+		if c.in.list.TotalLen() != uint64(c.inTotal) {
+			ch.failAdmitted(c, &senseInvalidIUField)
+			return
+		}
+	}
+	if c.imm != nil {
+		c.dOut = uint64(len(c.imm))
+	} else {
+		c.dOut = c.out.length()
+	}
+	c.dIn = c.in.length()
+	if c.cdbErr || c.info.Dir != scsi.DirOut {
+		ch.ready(c)
+		return
+	}
+	c.xferOut = uint32(min(uint64(c.info.Length), c.dOut))
+	if c.imm != nil {
+		c.cmd.DataOut = c.imm[:c.xferOut]
+		ch.stats.bytesOut.Add(uint64(c.xferOut))
+		ch.ready(c)
+		return
+	}
+	c.cmd.DataOut = c.data[:c.xferOut]
+	if c.xferOut == 0 {
+		ch.ready(c)
+		return
+	}
+	c.segs = c.out.segments(c.segs[:0], c.xferOut)
+	c.nwr = 0
+	for _, s := range c.segs {
+		c.sges[c.nwr] = transport.SGE{Addr: c.dataAddr + uint64(s.off), Length: s.n, LKey: ch.lkey}
+		c.wrs[c.nwr] = transport.SendWR{Opcode: transport.WRRDMARead, SGL: c.sges[c.nwr : c.nwr+1 : c.nwr+1],
+			RemoteAddr: s.va, RKey: s.key}
+		c.nwr++
+	}
+	ch.postChain(c, csFetch)
+}
+
+// failAdmitted answers an admitted command with CHECK CONDITION without executing it.
+func (ch *channel) failAdmitted(c *ioCtx, s *scsi.Sense) {
+	c.lq.withdraw(c)
+	if c.aborted.Load() {
+		ch.drop(c)
+		return
+	}
+	ch.respondPre(c, scsi.StatusCheckCondition, s)
+}
+
+// ready hands a command whose data is present to its LUN queue.
+func (ch *channel) ready(c *ioCtx) {
+	if !c.cdbErr && c.info.Dir == scsi.DirIn {
+		c.cmd.DataIn = c.data[:c.info.Length]
+	}
+	c.state = csExec
+	if !c.lq.ready(c) {
+		ch.drop(c)
+	}
+}
+
+// respondPre answers a command the target refuses itself (no execution, no data transfer).
+func (ch *channel) respondPre(c *ioCtx, st scsi.Status, s *scsi.Sense) {
+	c.hasPre, c.pre = true, st
+	if s != nil {
+		c.preSns = *s
+	} else {
+		c.preSns = scsi.Sense{}
+	}
+	if c.lq != nil { // admitted: not any more
+		c.lq.withdraw(c)
+	}
+	ch.respondCmd(c)
+}
+
+// respondCmd sends the SRP_RSP of a command, after the RDMA WRITEs of its data-in, as one
+// all-or-nothing chain of which only the SEND is signaled (as ib_srpt posts it). The receive
+// buffer goes back to the receive queue first, so that the credit the response returns always
+// finds a buffer.
+func (ch *channel) respondCmd(c *ioCtx) {
+	var st scsi.Status
+	var sense []byte
+	dir, produced := c.info.Dir, 0
+	if c.hasPre {
+		st = c.pre
+		if c.preSns.Key != scsi.NoSense {
+			n := c.preSns.EncodeFixed(c.sense[:])
+			sense = c.sense[:n]
+		}
+		dir = scsi.DirNone
+	} else {
+		st = c.res.Status
+		sense = c.sense[:c.res.SenseLen]
+		produced = c.res.DataInLen
+		if c.cdbErr {
+			dir = scsi.DirNone
+		}
+	}
+	r := computeResiduals(dir, c.info.Length, produced, c.dOut, c.dIn)
+	if dir == scsi.DirOut {
+		r.xferOut = c.xferOut // what was fetched (equal unless the fetch was trimmed)
+	}
+	if st == scsi.StatusGood && !c.hasPre && r.xferIn > 0 && ch.view.isReadOnly(c.lun) {
+		markWriteProtected(c.cmd.CDB[0], c.data[:r.xferIn])
+	}
+	if c.slot >= 0 {
+		ch.repost(c.slot)
+		c.slot = -1
+	}
+	if c.inTags {
+		delete(ch.tags, c.tag)
+		c.inTags = false
+	}
+	var delta int32
+	if c.credit {
+		delta = ch.cr.respond()
+		c.credit = false
+		ch.owed--
+		ch.publishCredits()
+	}
+	var sol srp.SolNot
+	if (st == scsi.StatusGood && c.solNot&srp.SCSOLNT != 0) || (st != scsi.StatusGood && c.solNot&srp.UCSOLNT != 0) {
+		sol = srp.SOLNT
+	}
+	n, err := srp.Rsp(c.rsp).Encode(&srp.RspFields{
+		SolNot: sol, ReqLimDelta: delta, Tag: c.tag, Flags: r.flags, Status: uint8(st),
+		DataOutResid: r.doResid, DataInResid: r.diResid, Sense: sense,
+	}, ch.tiLen)
+	if err != nil { // cannot happen: tiLen ≥ 64 and no response data
+		ch.log.Error("encoding SRP_RSP", zap.Error(err))
+		ch.release(c)
+		return
+	}
+	c.nwr = 0
+	if r.xferIn > 0 {
+		c.segs = c.in.segments(c.segs[:0], r.xferIn)
+		for _, s := range c.segs {
+			c.sges[c.nwr] = transport.SGE{Addr: c.dataAddr + uint64(s.off), Length: s.n, LKey: ch.lkey}
+			c.wrs[c.nwr] = transport.SendWR{Opcode: transport.WRRDMAWrite, SGL: c.sges[c.nwr : c.nwr+1 : c.nwr+1],
+				RemoteAddr: s.va, RKey: s.key}
+			c.nwr++
+		}
+		ch.stats.bytesIn.Add(uint64(r.xferIn))
+	}
+	ch.appendSend(c, n, sol != 0)
+	if st != scsi.StatusGood {
+		ch.stats.cmdErrors.Add(1)
+	}
+	ch.postChain(c, csSend)
+}
+
+func (ch *channel) appendSend(c *ioCtx, n int, solicited bool) {
+	c.sges[c.nwr] = transport.SGE{Addr: c.rspAddr, Length: uint32(n), LKey: ch.lkey}
+	var fl transport.SendFlags
+	if solicited {
+		fl = transport.SendSolicited
+	}
+	c.wrs[c.nwr] = transport.SendWR{Opcode: transport.WRSend, Flags: fl, SGL: c.sges[c.nwr : c.nwr+1 : c.nwr+1]}
+	c.nwr++
+}
+
+// markWriteProtected sets the WP bit of MODE SENSE data for a LUN the view maps read-only, so
+// that an initiator (Linux sd) sees the disk as read-only.
+func markWriteProtected(op uint8, data []byte) {
+	switch {
+	case op == scsi.OpModeSense6 && len(data) > 2:
+		data[2] |= 0x80
+	case op == scsi.OpModeSense10 && len(data) > 3:
+		data[3] |= 0x80
+	}
+}
+
+// ---- task management ----
+
+// handleTM runs an SRP_TSK_MGMT. Semantics (SAM-5 7, as ib_srpt/LIO implement them):
+//
+//   - ABORT TASK: the command with that tag on this channel and LUN is aborted. Not found
+//     (already answered, or never seen): FUNCTION COMPLETE, as SAM requires.
+//   - ABORT TASK SET: every command of this I_T nexus (all its channels) to the LUN.
+//   - CLEAR TASK SET: every command to the LUN, from every nexus.
+//   - LOGICAL UNIT RESET: like CLEAR TASK SET, then scsi LUN.Reset (unit attention for all).
+//   - CLEAR ACA and unknown functions: FUNCTION NOT SUPPORTED (0x04).
+//   - A LUN the view does not map: FUNCTION FAILED (0x05), as ib_srpt (LIO's
+//     TMR_LUN_DOES_NOT_EXIST maps to it).
+//
+// Aborted commands get no SRP_RSP (SAM: an aborted task ends without status; ib_srpt does the
+// same, LIO's TAS bit being 0); their credits go back with the next SRP_RSP of their channel,
+// or with SRP_CRED_REQ if the channel would otherwise stay silent. The task management response
+// is sent only once every aborted command has ended (its data transfers completed and its
+// execution returned), so FUNCTION COMPLETE means the tasks are gone.
+func (ch *channel) handleTM(slot int, b []byte) bool {
+	tm, err := srp.ParseTskMgmt(b)
+	if err != nil {
+		ch.protocolError(srp.TLogoutInvalidIULength, err.Error())
+		return true
+	}
+	if len(ch.free) == 0 {
+		return false
+	}
+	c := ch.alloc(kTM, slot)
+	c.tag = tm.Tag()
+	c.solNot = tm.SolNot()
+	c.tmFunc = tm.Func()
+	copy(c.lunAddr[:], b[20:28])
+	taskTag := tm.TaskTag()
+	c.credit = true
+	ch.owed++
+	ch.stats.taskMgmt.Add(1)
+	ch.repost(c.slot)
+	c.slot = -1
+	if !ch.cr.consume() {
+		ch.stats.overruns.Add(1)
+		ch.respondTM(c, srp.TMFailed)
+		return true
+	}
+	lun := ch.view.set.Lookup(c.lunAddr)
+	c.lun = lun
+	ch.log.Debug("task management", zap.Stringer("function", c.tmFunc), zap.Stringer("lun", c.lunAddr),
+		zap.Stringer("task", taskTag))
+	c.state = csTM
+	c.tmWait.Store(1)
+	c.tmCode = srp.TMSuccess
+	n := 0
+	switch c.tmFunc {
+	case srp.TMAbortTask:
+		if t := ch.tags[taskTag]; t != nil && t.kind == kCmd && t.lunAddr == c.lunAddr && t.lq != nil {
+			n = t.lq.abort(func(x *ioCtx) bool { return x == t }, c)
+		}
+	case srp.TMAbortTaskSet, srp.TMClearTaskSet, srp.TMLUNReset:
+		if lun == nil {
+			c.tmCode = srp.TMFailed
+			break
+		}
+		q := ch.queueFor(lun)
+		if c.tmFunc == srp.TMAbortTaskSet {
+			sess := ch.sess
+			n = q.abort(func(x *ioCtx) bool { return x.ch.sess == sess }, c)
+		} else {
+			n = q.abort(func(*ioCtx) bool { return true }, c)
+		}
+	default:
+		c.tmCode = srp.TMFuncNotSupported
+	}
+	ch.stats.tmAborted.Add(uint64(n))
+	c.tmRelease() // the guard; the response goes out when the last aborted command has ended
+	return true
+}
+
+// finishTM completes a task management request whose aborted commands have all ended.
+func (ch *channel) finishTM(c *ioCtx) {
+	if c.tmFunc == srp.TMLUNReset && c.tmCode == srp.TMSuccess && c.lun != nil {
+		if err := c.lun.Reset(); err != nil {
+			ch.log.Warn("LUN reset", zap.Error(err))
+			c.tmCode = srp.TMFailed
+		}
+		ch.stats.lunResets.Add(1)
+	}
+	if ch.st() != chLive {
+		ch.drop(c)
+		return
+	}
+	ch.respondTM(c, c.tmCode)
+}
+
+// respondTM sends the SRP_RSP of a task management request: RSPVALID with 4 bytes of response
+// data, the code in byte 3 (always sent, success included).
+func (ch *channel) respondTM(c *ioCtx, code srp.TMResponse) {
+	delta := ch.cr.respond()
+	c.credit = false
+	ch.owed--
+	ch.publishCredits()
+	var sol srp.SolNot
+	if (code == srp.TMSuccess && c.solNot&srp.SCSOLNT != 0) || (code != srp.TMSuccess && c.solNot&srp.UCSOLNT != 0) {
+		sol = srp.SOLNT
+	}
+	resp := [4]byte{3: byte(code)}
+	n, _ := srp.Rsp(c.rsp).Encode(&srp.RspFields{SolNot: sol, ReqLimDelta: delta, Tag: c.tag, RespData: resp[:]}, ch.tiLen)
+	if code != srp.TMSuccess {
+		ch.stats.tmFailed.Add(1)
+	}
+	c.nwr = 0
+	ch.appendSend(c, n, sol != 0)
+	ch.postChain(c, csSend)
+}

@@ -1,0 +1,142 @@
+package target
+
+import (
+	"sync/atomic"
+
+	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/srp"
+	"github.com/srpd/srpd/transport"
+)
+
+// ctxKind is what an ioCtx carries.
+type ctxKind uint8
+
+const (
+	kCmd ctxKind = iota + 1 // SRP_CMD
+	kTM                     // SRP_TSK_MGMT
+)
+
+// cstate is the phase of an ioCtx. Only the channel's loop goroutine changes it.
+type cstate uint8
+
+const (
+	csFree   cstate = iota
+	csTables        // RDMA READ of external indirect tables in flight
+	csFetch         // RDMA READ of data-out in flight
+	csExec          // in its LUN's queue or executing
+	csTM            // task management waiting for the commands it aborted
+	csWaitSQ        // work requests built, waiting for send-queue slots (then: next)
+	csSend          // response (after any RDMA WRITEs) posted
+)
+
+var cstateNames = [...]string{"free", "tables", "fetch", "exec", "tm", "waitsq", "send"}
+
+func (s cstate) String() string { return cstateNames[s] }
+
+// ioCtx is one request slot of a channel: everything a command or task management request needs
+// from its arrival to the completion of its response, preallocated at channel creation and
+// reused (the command path does not allocate).
+type ioCtx struct {
+	ch    *channel
+	idx   int
+	state cstate
+	next  cstate // the state after csWaitSQ
+	kind  ctxKind
+
+	slot    int  // receive buffer held (-1: none)
+	credit  bool // consumed a credit and owes a response (or a pending credit)
+	inTags  bool
+	tag     srp.Tag
+	solNot  srp.SolNot
+	lunAddr scsi.LUNAddress
+	lun     *scsi.LUN
+
+	// SCSI
+	cmd    scsi.Command
+	info   scsi.CDBInfo
+	cdbErr bool // ParseCDB failed: no data moves, Execute reports the error
+	res    scsi.Result
+	hasPre bool // answered by the target without executing
+	pre    scsi.Status
+	preSns scsi.Sense
+	sense  [scsi.MaxSenseLen]byte
+
+	// descriptors
+	out, in       descSet
+	extOut, extIn bool
+	outTotal      uint32 // indirect TOTAL LENGTH (checked against an external table)
+	inTotal       uint32
+	imm           []byte
+	dOut, dIn     uint64 // bytes the descriptors describe
+	xferOut       uint32
+
+	// scheduler (guarded by lq.mu, except aborted and cctx)
+	lq           *lunQueue
+	qstate       uint8
+	qLink, aLink qlink
+	aborted      atomic.Bool
+	cctx         cmdCtx
+	waiters      []*ioCtx // task management requests waiting for this command
+
+	// task management
+	tmWait atomic.Int32
+	tmFunc srp.TaskMgmtFunc
+	tmCode srp.TMResponse
+
+	// memory (fixed at creation)
+	data     []byte
+	dataAddr uint64
+	ext      []byte
+	extAddr  uint64
+	rsp      []byte
+	rspAddr  uint64
+
+	// work requests
+	segs    []seg
+	wrs     []transport.SendWR
+	sges    []transport.SGE
+	nwr     int
+	sqUsed  int
+	wrErr   transport.WCStatus
+	sqNextW *ioCtx // send-queue wait FIFO
+}
+
+// exec runs the command on a LUN worker.
+func (c *ioCtx) exec() {
+	c.res = c.ch.view.set.Execute(&c.cctx, &c.cmd)
+}
+
+// tmRelease drops one of the things a task management request waits for; the last one hands
+// the request back to its channel.
+func (c *ioCtx) tmRelease() {
+	if c.tmWait.Add(-1) == 0 {
+		c.ch.post(event{kind: evTMDone, c: c})
+	}
+}
+
+// reset prepares a free context for a new request.
+func (c *ioCtx) reset(kind ctxKind, slot int) {
+	c.kind = kind
+	c.slot = slot
+	c.credit = false
+	c.inTags = false
+	c.solNot = 0
+	c.lun = nil
+	c.cmd = scsi.Command{}
+	c.info = scsi.CDBInfo{}
+	c.cdbErr = false
+	c.res = scsi.Result{}
+	c.hasPre = false
+	c.out, c.in = descSet{}, descSet{}
+	c.extOut, c.extIn = false, false
+	c.imm = nil
+	c.dOut, c.dIn, c.xferOut = 0, 0, 0
+	c.lq = nil
+	c.qstate = qNone
+	c.aborted.Store(false)
+	c.cctx.reset()
+	c.waiters = nil
+	c.tmWait.Store(0)
+	c.nwr, c.sqUsed = 0, 0
+	c.wrErr = transport.WCSuccess
+}

@@ -1,0 +1,160 @@
+package target
+
+import (
+	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/srp"
+)
+
+// descSet is the resolved list of direct descriptors of one data buffer: the direct
+// descriptor, the in-IU list of an indirect descriptor, or an external indirect table read from
+// the initiator.
+type descSet struct {
+	direct   srp.DirectDesc
+	isDirect bool
+	list     srp.DescList
+}
+
+func (s *descSet) count() int {
+	if s.isDirect {
+		return 1
+	}
+	return s.list.Len()
+}
+
+func (s *descSet) at(i int) srp.DirectDesc {
+	if s.isDirect {
+		return s.direct
+	}
+	return s.list.At(i)
+}
+
+// length is the number of bytes the descriptors describe.
+func (s *descSet) length() uint64 {
+	if s.isDirect {
+		return uint64(s.direct.Len)
+	}
+	return s.list.TotalLen()
+}
+
+// seg is one RDMA transfer: n bytes between local offset off and the remote descriptor d.
+type seg struct {
+	off uint32
+	va  uint64
+	key uint32
+	n   uint32
+}
+
+// segments splits the first n bytes of the buffer that s describes into one transfer per
+// (non-empty) descriptor, at consecutive local offsets, and appends them to dst. The caller
+// guarantees n <= s.length().
+func (s *descSet) segments(dst []seg, n uint32) []seg {
+	var off uint32
+	for i := 0; i < s.count() && off < n; i++ {
+		d := s.at(i)
+		if d.Len == 0 {
+			continue
+		}
+		k := min(d.Len, n-off)
+		dst = append(dst, seg{off: off, va: d.VA, key: d.Key, n: k})
+		off += k
+	}
+	return dst
+}
+
+// residuals is the outcome of one command's data transfer in SRP_RSP terms.
+type residuals struct {
+	xferOut, xferIn uint32 // bytes moved by RDMA READ (or taken from immediate data) / RDMA WRITE
+	flags           srp.RspFlags
+	doResid         uint32
+	diResid         uint32
+}
+
+// computeResiduals compares, per direction, what the command transfers with what the
+// initiator's descriptors describe (SAM-5 residuals, as LIO reports them for ib_srpt):
+//
+//   - data-out: the command wants want = the CDB's transfer length (cdbLen, DirOut only); the
+//     descriptors hold dOut bytes; min(want, dOut) move. want > dOut is an overflow (DOOVER,
+//     residual want − dOut: bytes the command wanted but the buffer did not have); dOut > want
+//     an underflow (DOUNDER, residual dOut − want: bytes of the buffer never fetched).
+//   - data-in: the command produced produced bytes (DirIn only; at most the CDB's length); the
+//     descriptors have room for dIn; min(produced, dIn) move. produced > dIn is an overflow
+//     (DIOVER, residual produced − dIn), dIn > produced an underflow (DIUNDER, residual
+//     dIn − produced, e.g. a short INQUIRY, or a READ whose buffer is larger than its CDB).
+//
+// A descriptor for a direction the CDB does not use is all underflow; a CDB transfer with no
+// descriptor all overflow. Counts saturate at 2^32−1.
+func computeResiduals(dir scsi.Direction, cdbLen uint32, produced int, dOut, dIn uint64) residuals {
+	var r residuals
+	var wantOut uint64
+	if dir == scsi.DirOut {
+		wantOut = uint64(cdbLen)
+	}
+	r.xferOut = uint32(min(wantOut, dOut))
+	switch {
+	case wantOut > dOut:
+		r.flags |= srp.DOOver
+		r.doResid = sat32(wantOut - dOut)
+	case dOut > wantOut:
+		r.flags |= srp.DOUnder
+		r.doResid = sat32(dOut - wantOut)
+	}
+	var got uint64
+	if dir == scsi.DirIn && produced > 0 {
+		got = uint64(produced)
+	}
+	r.xferIn = uint32(min(got, dIn))
+	switch {
+	case got > dIn:
+		r.flags |= srp.DIOver
+		r.diResid = sat32(got - dIn)
+	case dIn > got:
+		r.flags |= srp.DIUnder
+		r.diResid = sat32(dIn - got)
+	}
+	return r
+}
+
+func sat32(v uint64) uint32 {
+	if v > 1<<32-1 {
+		return 1<<32 - 1
+	}
+	return uint32(v)
+}
+
+// isMediumWrite reports whether an opcode modifies the medium; such commands fail with
+// WRITE PROTECTED on a LUN an ACL maps read-only. The list covers every SBC write command,
+// including those the scsi package does not implement (they would fail anyway; reporting write
+// protection first is what a write-protected device does).
+func isMediumWrite(op uint8) bool {
+	switch op {
+	case scsi.OpWrite6, scsi.OpWrite10, scsi.OpWrite12, scsi.OpWrite16,
+		0x2E, 0xAE, 0x8E, // WRITE AND VERIFY(10/12/16)
+		scsi.OpWriteSame10, scsi.OpWriteSame16,
+		scsi.OpUnmap, scsi.OpCompareAndWrite,
+		0x04,       // FORMAT UNIT
+		0x3F,       // WRITE LONG(10)
+		0x9C,       // WRITE ATOMIC(16)
+		0x53, 0x50, // XDWRITEREAD(10), XDWRITE(10)
+		0x7F: // variable length (WRITE(32) and friends)
+		return true
+	}
+	return false
+}
+
+// Sense data the target itself produces.
+var (
+	// senseInvalidIUField: ILLEGAL REQUEST, INVALID FIELD IN COMMAND INFORMATION UNIT (0E/03):
+	// an SRP_CMD whose descriptors cannot be used.
+	senseInvalidIUField = scsi.Sense{Key: scsi.IllegalRequest, ASC: 0x0E, ASCQ: 0x03}
+	// senseWriteProtected: DATA PROTECT, WRITE PROTECTED (27/00).
+	senseWriteProtected = scsi.Sense{Key: scsi.DataProtect, ASC: 0x27}
+	// senseOverlapped: ABORTED COMMAND, OVERLAPPED COMMANDS ATTEMPTED (4E/00): a tag already in
+	// use on the channel.
+	senseOverlapped = scsi.Sense{Key: scsi.AbortedCommand, ASC: 0x4E}
+	// senseTooLong: ILLEGAL REQUEST, INVALID FIELD IN CDB (24/00) with the field pointer on the
+	// transfer length: a transfer larger than the channel's data buffer.
+	senseTooLong = scsi.Sense{Key: scsi.IllegalRequest, ASC: 0x24}
+	// senseNoResources: ILLEGAL REQUEST, INSUFFICIENT RESOURCES (55/03): more descriptors than
+	// Limits.MaxDescriptors.
+	senseNoResources = scsi.Sense{Key: scsi.IllegalRequest, ASC: 0x55, ASCQ: 0x03}
+)

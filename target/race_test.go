@@ -1,0 +1,5 @@
+//go:build race
+
+package target
+
+const raceEnabled = true

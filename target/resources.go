@@ -1,0 +1,154 @@
+package target
+
+import (
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/srp"
+	"github.com/srpd/srpd/transport"
+)
+
+func alignUp(n, a int) int { return (n + a - 1) / a * a }
+
+// newChannel creates a channel's resources on dev: a PD, one CQ for sends and receives, the QP
+// (moved to INIT), and one registered memory area holding the receive ring, the response
+// buffers, the external descriptor table buffers and the data buffers (QueueDepth+1 request
+// contexts, each with Limits.MaxTransfer bytes of data buffer). Nothing is allocated per I/O
+// afterwards. The receive ring is posted before return, so that the initiator may send as soon
+// as the QP is connected.
+func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *LoginDecision) (ch *channel, err error) {
+	lim := &t.lim
+	attr := dev.Attr()
+	depth := d.QueueDepth
+	nRecv := depth + 1 // +1: responses to target requests (SRP_CRED_RSP) consume no credit
+	nCtx := depth + 1  // +1: an overrunning request gets answered without waiting
+	maxDesc := lim.MaxDescriptors
+	sqCap := 2*nCtx + maxDesc + 2 // +2: the control buffers (T_LOGOUT, CRED_REQ)
+	if attr.MaxQPWR > 0 && sqCap > attr.MaxQPWR {
+		sqCap = attr.MaxQPWR
+	}
+	if sqCap < maxDesc+1+2 || (attr.MaxQPWR > 0 && nRecv > attr.MaxQPWR) {
+		return nil, fmt.Errorf("target: device %s: max_qp_wr %d too small for %d descriptors and queue depth %d: %w",
+			dev.Name(), attr.MaxQPWR, maxDesc, depth, transport.ErrNoResources)
+	}
+	itLen, tiLen := d.MaxITIULen(), d.MaxTIIULen()
+
+	ch = &channel{
+		t:       t,
+		sess:    s,
+		id:      id,
+		view:    s.view,
+		nexus:   s.nexus,
+		dev:     dev,
+		depth:   depth,
+		itLen:   itLen,
+		tiLen:   tiLen,
+		immOff:  d.ImmDataOffset,
+		maxDesc: maxDesc,
+		maxXfer: lim.MaxTransfer,
+		nRecv:   nRecv,
+		tags:    make(map[srp.Tag]*ioCtx, nCtx),
+		queues:  make(map[*scsi.LUN]*lunQueue),
+		cr:      newCredits(depth),
+		sqCap:   sqCap,
+		sqFree:  sqCap - 2,
+		events:  make(chan event, nCtx+1),
+		wake:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		reaped:  make(chan struct{}),
+		log:     s.log,
+	}
+	ch.publishCredits()
+
+	// Memory layout.
+	ch.recvStride = alignUp(itLen, 64)
+	rspStride := alignUp(tiLen, 64)
+	extStride := alignUp(2*maxDesc*srp.DirectDescLen, 64)
+	dataStride := alignUp(lim.MaxTransfer, 4096)
+	off := 0
+	dataBase := off
+	off += nCtx * dataStride
+	ch.recvBase = off
+	off += nRecv * ch.recvStride
+	rspBase := off
+	off += nCtx * rspStride
+	ctlBase := off
+	off += 2 * rspStride
+	extBase := off
+	off += nCtx * extStride
+	total := alignUp(off, 4096)
+
+	var cleanup []func()
+	defer func() {
+		if err != nil {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}
+	}()
+	if ch.pd, err = dev.AllocPD(); err != nil {
+		return nil, fmt.Errorf("target: PD: %w", err)
+	}
+	cleanup = append(cleanup, func() { _ = ch.pd.Close() })
+	if ch.cq, err = dev.CreateCQ(sqCap + nRecv + 16); err != nil {
+		return nil, fmt.Errorf("target: CQ: %w", err)
+	}
+	cleanup = append(cleanup, func() { _ = ch.cq.Close() })
+	ch.qp, err = ch.pd.CreateQP(transport.QPInitAttr{
+		Type: transport.QPTypeRC, SendCQ: ch.cq, RecvCQ: ch.cq,
+		Cap: transport.QPCap{MaxSendWR: sqCap, MaxRecvWR: nRecv, MaxSendSGE: 1, MaxRecvSGE: 1},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("target: QP: %w", err)
+	}
+	cleanup = append(cleanup, func() { _ = ch.qp.Close() })
+	if ch.mem, err = dev.AllocMemory(total); err != nil {
+		return nil, fmt.Errorf("target: %d bytes of memory: %w", total, err)
+	}
+	cleanup = append(cleanup, func() { _ = ch.mem.Free() })
+	if ch.mr, err = ch.pd.RegMR(ch.mem.Addr(), uint64(ch.mem.Len()), transport.AccessLocalWrite); err != nil {
+		return nil, fmt.Errorf("target: MR: %w", err)
+	}
+	cleanup = append(cleanup, func() { _ = ch.mr.Close() })
+	ch.lkey = ch.mr.LKey()
+
+	mem := ch.mem.Bytes()
+	base := ch.mem.Addr()
+	maxWR := maxDesc + 1
+	ch.ctxs = make([]*ioCtx, nCtx)
+	ch.free = make([]*ioCtx, 0, nCtx)
+	for i := range ch.ctxs {
+		c := &ioCtx{ch: ch, idx: i, slot: -1}
+		do := dataBase + i*dataStride
+		c.data, c.dataAddr = mem[do:do+lim.MaxTransfer:do+lim.MaxTransfer], base+uint64(do)
+		ro := rspBase + i*rspStride
+		c.rsp, c.rspAddr = mem[ro:ro+tiLen:ro+tiLen], base+uint64(ro)
+		eo := extBase + i*extStride
+		c.ext, c.extAddr = mem[eo:eo+extStride:eo+extStride], base+uint64(eo)
+		c.segs = make([]seg, 0, maxDesc)
+		c.wrs = make([]transport.SendWR, maxWR)
+		c.sges = make([]transport.SGE, maxWR)
+		ch.ctxs[i] = c
+		ch.free = append(ch.free, c)
+	}
+	for i := range ch.ctl {
+		o := ctlBase + i*rspStride
+		ch.ctl[i] = ctlBuf{buf: mem[o : o+tiLen : o+tiLen], addr: base + uint64(o)}
+	}
+
+	if err = ch.qp.Modify(&transport.QPAttr{State: transport.QPSInit, Port: 1},
+		transport.AttrState|transport.AttrPKeyIndex|transport.AttrPort|transport.AttrAccessFlags); err != nil {
+		return nil, fmt.Errorf("target: QP to INIT: %w", err)
+	}
+	ch.log = s.log.With(zap.Uint64("channel", id), zap.Uint32("qpn", ch.qp.QPN()))
+	for i := 0; i < nRecv; i++ {
+		if err = ch.postRecv(i); err != nil {
+			return nil, fmt.Errorf("target: posting the receive ring: %w", err)
+		}
+	}
+	t.stats.mrs.Add(1)
+	t.stats.memBytes.Add(int64(ch.mem.Len()))
+	return ch, nil
+}

@@ -45,14 +45,13 @@ type tb interface {
 	Logf(format string, args ...any)
 }
 
-// softQPTimeout is the local ACK timeout of the softroce QPs: 4.096 µs × 2^17 ≈ 537 ms, rxe's
-// usual retransmission period. The link is perfect, so a retry only happens when an ACK is late,
-// e.g. under -race on a loaded machine. With 12 (16.8 ms) such retries are frequent and expose a
-// softroce bug: on a go-back-N retry the requester executes REG_MR / LOCAL_INV work requests that
-// had already executed a second time (reqRetry rewinds sqReq to sqHead and doLocalOp does not
-// look at the WQE's state), so the REG_MR fails with LOC_QP_OP_ERR against its own key
-// (TestConcurrentSoftroce -count=40 reproduces it within seconds).
-const softQPTimeout = 17
+// softQPTimeout is the local ACK timeout of the softroce QPs: 4.096 µs × 2^12 ≈ 16.8 ms, much
+// shorter than rxe's usual 17 (≈ 537 ms). The link is perfect, so a retry only happens when an
+// ACK is late, e.g. under -race on a loaded machine; with 12 such go-back-N retries are frequent,
+// which keeps them covered: they once exposed a softroce bug (a retry executed REG_MR work
+// requests that had already executed a second time, failing with LOC_QP_OP_ERR against their
+// own key; TestConcurrentSoftroce -count=40 reproduced it within seconds).
+const softQPTimeout = 12
 
 const (
 	softRecvBuf = 64

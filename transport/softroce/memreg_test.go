@@ -144,3 +144,118 @@ func TestMaxRdAtomic(t *testing.T) {
 	wantWC(t, waitWC(t, p.dut.scq, 5*time.Second), 0, transport.WCSuccess, transport.WCRDMARead)
 	p.expect(wire.RCRDMAReadRequest, sq.Add(2))
 }
+
+// Go-back-N retries never execute a local operation twice. REG_MR executes as soon as the
+// requester reaches it, behind unacknowledged SENDs; a retry (timeout or NAK-seq) rewinds the
+// requester to the oldest unacknowledged WQE, and the done REG_MR it meets again must stay done
+// (rxe req_retry skips wqe_state_done WQEs): a second execution would fail with LOC_QP_OP_ERR
+// against its own key, already in force. Each signaled WR completes exactly once, with
+// success, in SQ order; the SENDs are retransmitted with their original PSNs.
+func TestRetryDoesNotReexecuteLocalOps(t *testing.T) {
+	p := newRawPeer(t, connOpts{timeout: 16}) // ~268 ms
+	n := p.dut
+	sq := wire.PSN(n.psn)
+	fr, err := n.pd.AllocFastRegMR(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc := transport.AccessLocalWrite | transport.AccessRemoteWrite | transport.AccessRemoteRead
+	key := func(b uint32) uint32 { return fr.Index()<<8 | b&0xFF }
+	base := n.mem.Addr()
+	reg := func(id uint64, k uint32) transport.SendWR {
+		return transport.SendWR{ID: id, Opcode: transport.WRRegMR, Flags: transport.SendSignaled,
+			Reg: transport.RegMRWR{MR: fr, Key: k, Access: acc, IOVA: 0x5000, Length: 8192, PageSize: 4096,
+				Pages: []uint64{base + 4*4096, base + 6*4096}}}
+	}
+	send := func(id uint64) transport.SendWR {
+		return transport.SendWR{ID: id, Opcode: transport.WRSend, Flags: transport.SendSignaled, SGL: []transport.SGE{n.sge(0, 8)}}
+	}
+	ack := func(psn wire.PSN, syn wire.Syndrome) {
+		p.send(wire.RCAcknowledge, psn, false, nil, func(pk wire.Packet) {
+			pk.AETH().Encode(&wire.AETHFields{Syndrome: syn})
+		})
+	}
+	waitKey := func(what string, st transport.MRState, k uint32) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			if inf := fr.Query(); inf.State == st && (st != transport.MRValid || inf.Key == k) {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+		t.Fatalf("%s: MR %+v, want state %v key %#x", what, fr.Query(), st, k)
+	}
+	wcs := []struct {
+		id uint64
+		op transport.WCOpcode
+	}{}
+	wantWCs := func(n int) {
+		t.Helper()
+		for i := 0; i < n; i++ {
+			w := wcs[0]
+			wcs = wcs[1:]
+			wantWC(t, waitWC(t, p.dut.scq, 5*time.Second), w.id, transport.WCSuccess, w.op)
+		}
+	}
+	//   1 SEND        PSN sq
+	//   2 REG_MR k1   executes at once, behind the unacknowledged SEND 1
+	//   3 SEND        PSN sq+1
+	//   4 LOCAL_INV k1  fenced: executes once SENDs 1 and 3 completed
+	//   5 SEND        PSN sq+2
+	//   6 REG_MR k2   executes at once, behind the unacknowledged SEND 5
+	//   7 SEND        PSN sq+3
+	if err := n.qp.PostSend([]transport.SendWR{send(1), reg(2, key(1)), send(3),
+		{ID: 4, Opcode: transport.WRLocalInv, Flags: transport.SendSignaled, InvalidateRKey: key(1)},
+		send(5), reg(6, key(2)), send(7)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []struct {
+		id uint64
+		op transport.WCOpcode
+	}{{1, transport.WCSend}, {2, transport.WCRegMR}, {3, transport.WCSend}, {4, transport.WCLocalInv},
+		{5, transport.WCSend}, {6, transport.WCRegMR}, {7, transport.WCSend}} {
+		wcs = append(wcs, w)
+	}
+	p.expect(wire.RCSendOnly, sq)
+	p.expect(wire.RCSendOnly, sq.Add(1))
+	waitKey("REG_MR k1 behind an unacknowledged SEND", transport.MRValid, key(1))
+	expectNoWC(t, n.scq, 10*time.Millisecond)
+
+	// Round 1: no ACK. The local ACK timeout rewinds to SEND 1; both SENDs go again with their
+	// PSNs, REG_MR k1 is stepped over (the QP would go to ERR otherwise).
+	p.expect(wire.RCSendOnly, sq)
+	p.expect(wire.RCSendOnly, sq.Add(1))
+	if s := n.qp.State(); s != transport.QPSRTS {
+		t.Fatalf("QP %v after the retry", s)
+	}
+	if inf := fr.Query(); inf.State != transport.MRValid || inf.Key != key(1) {
+		t.Fatalf("MR after the retry: %+v", inf)
+	}
+	expectNoWC(t, n.scq, 10*time.Millisecond)
+	ack(sq.Add(1), ackOK)
+	wantWCs(4) // SEND 1, REG_MR k1, SEND 3, LOCAL_INV k1
+	// LOCAL_INV k1 executed; SEND 5 goes out, REG_MR k2 executes behind it, then SEND 7.
+	p.expect(wire.RCSendOnly, sq.Add(2))
+	p.expect(wire.RCSendOnly, sq.Add(3))
+	waitKey("REG_MR k2 behind an unacknowledged SEND", transport.MRValid, key(2))
+
+	// Round 2: NAK-seq for SEND 5's PSN (its packet "lost"): go-back-N from SEND 5, REG_MR k2
+	// stepped over, SEND 7 again with its PSN.
+	ack(sq.Add(2), wire.NakPSNSequenceError.Syndrome())
+	p.expect(wire.RCSendOnly, sq.Add(2))
+	p.expect(wire.RCSendOnly, sq.Add(3))
+	ack(sq.Add(3), ackOK)
+	wantWCs(3) // SEND 5, REG_MR k2, SEND 7
+	expectNoWC(t, n.scq, 30*time.Millisecond)
+	p.expectSilence(10 * time.Millisecond)
+	if s := n.qp.State(); s != transport.QPSRTS {
+		t.Fatalf("QP %v", s)
+	}
+	if inf := fr.Query(); inf.State != transport.MRValid || inf.Key != key(2) {
+		t.Fatalf("MR at the end: %+v", inf)
+	}
+	if s := n.dev.Stats(); s.Retransmits != 4 {
+		t.Fatalf("retransmits %d, want 4", s.Retransmits)
+	}
+}

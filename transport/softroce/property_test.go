@@ -37,6 +37,10 @@ func TestPropertyPSN(t *testing.T) {
 
 // Random work-request sequences under random faults: every signaled WR completes exactly once,
 // successfully, in SQ order; every receive completes in order; and every byte arrives intact.
+// The sequences include local operations on a fast-reg MR (REG_MR with the next key when the
+// MR is free, LOCAL_INV of the key in force when it is valid): go-back-N retries must not
+// execute them again (a second execution fails with LOC_QP_OP_ERR), and the MR ends in the
+// state the sequence implies.
 func TestPropertyRCDelivery(t *testing.T) {
 	// Each check builds two devices and moves up to ~1 MiB under faults: fewer than rapid's
 	// default 100 unless -rapid.checks asks for more.
@@ -65,13 +69,30 @@ func TestPropertyRCDelivery(t *testing.T) {
 		}
 		ops := rapid.SliceOfN(rapid.Custom(func(t *rapid.T) op {
 			return op{
+				// WRRegMR stands for "a local operation": REG_MR or LOCAL_INV, whichever is
+				// valid at that point of the sequence (decided below).
 				code: rapid.SampledFrom([]transport.WROpcode{transport.WRSend, transport.WRSendWithImm, transport.WRRDMAWrite,
-					transport.WRRDMAWriteWithImm, transport.WRRDMARead}).Draw(t, "op"),
+					transport.WRRDMAWriteWithImm, transport.WRRDMARead, transport.WRRegMR}).Draw(t, "op"),
 				size:     rapid.IntRange(0, 3*mtu.Bytes()+17).Draw(t, "size"),
 				signaled: rapid.Bool().Draw(t, "signaled"),
 			}
 		}), 1, 24).Draw(rt, "ops")
 		ops[len(ops)-1].signaled = true
+		// Local operations alternate on one fast-reg MR: REG_MR (key byte 1, 2, ...) when it is
+		// free, LOCAL_INV of the key in force when it is valid.
+		valid, regs := false, uint32(0)
+		for i := range ops {
+			if ops[i].code != transport.WRRegMR {
+				continue
+			}
+			ops[i].size = 0
+			if valid {
+				ops[i].code = transport.WRLocalInv
+			} else {
+				regs++
+			}
+			valid = !valid
+		}
 
 		a, b := pipeAddrs()
 		la, lb := link.NewPipe(a, b, link.PipeConfig{Seed: seed, AtoB: f, BtoA: f, QueueLen: 512})
@@ -79,6 +100,12 @@ func TestPropertyRCDelivery(t *testing.T) {
 		nb := newNode(rt, lb, nodeOpts{memSize: 1 << 20})
 		defer func() { na.close(); nb.close() }()
 		connect(na, nb, connOpts{mtu: mtu, timeout: 9}) // ~2 ms
+		fr, err := na.pd.AllocFastRegMR(2)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		frKey := func(n uint32) uint32 { return fr.Index()<<8 | n&0xFF }
+		nreg := uint32(0)
 
 		const slot = 16 << 10 // per-WR region: a's source/destination, b's target
 		var wrs []transport.SendWR
@@ -93,6 +120,14 @@ func TestPropertyRCDelivery(t *testing.T) {
 				wr.Flags = transport.SendSignaled
 			}
 			switch o.code {
+			case transport.WRRegMR:
+				nreg++
+				wr.SGL = nil
+				wr.Reg = transport.RegMRWR{MR: fr, Key: frKey(nreg), Access: transport.AccessLocalWrite | transport.AccessRemoteWrite,
+					IOVA: 0x10000, Length: 8192, PageSize: 4096, Pages: []uint64{na.mem.Addr() + 4096, na.mem.Addr() + 3*4096}}
+			case transport.WRLocalInv:
+				wr.SGL = nil
+				wr.InvalidateRKey = frKey(nreg)
 			case transport.WRRDMARead:
 				wr.SGL = []transport.SGE{na.sge(512<<10+off, o.size)}
 				wr.RemoteAddr = nb.mem.Addr() + uint64(512<<10+off)
@@ -136,7 +171,14 @@ func TestPropertyRCDelivery(t *testing.T) {
 		}
 		expectNoWC(rt, na.scq, 5*time.Millisecond)
 		expectNoWC(rt, nb.rcq, time.Millisecond)
+		if inf := fr.Query(); valid && (inf.State != transport.MRValid || inf.Key != frKey(regs)) ||
+			!valid && inf.State != transport.MRFree {
+			rt.Fatalf("fast-reg MR %+v after %d REG_MRs (valid %v)", inf, regs, valid)
+		}
 		for i, o := range ops {
+			if o.code == transport.WRRegMR || o.code == transport.WRLocalInv {
+				continue
+			}
 			off := i * slot
 			what := fmt.Sprintf("WR %d (%v, %d bytes)", i, o.code, o.size)
 			if o.code == transport.WRRDMARead {

@@ -48,6 +48,14 @@ func (q *qp) requester(pkts []link.Packet, buf []byte, now time.Time) ([]link.Pa
 		return pkts, false
 	}
 	w := &q.sq[q.sqReq&q.sqMask]
+	if w.state == wqeDone {
+		// A local operation that already executed, met again after a go-back-N rewind
+		// (reqRetry): never execute it twice (rxe req_retry leaves wqe_state_done WQEs done).
+		// Its completion is produced once, in SQ order, when it reaches the head.
+		q.sqReq++
+		q.retire()
+		return pkts, true
+	}
 	if q.state == transport.QPSSQD && !w.tx {
 		return pkts, false // draining: no new WQE starts
 	}
@@ -107,14 +115,19 @@ func (q *qp) doLocalOp(w *sendWQE) {
 }
 
 // retire completes, in order, the WQEs at the head of the SQ that are already done (local
-// operations executed behind outstanding WQEs).
+// operations executed behind outstanding WQEs). After a go-back-N rewind the requester may
+// not have passed a done WQE yet (sqReq == sqHead); it is retired all the same, and the
+// requester moves past it: it must not execute again.
 func (q *qp) retire() {
-	for q.sqHead != q.sqReq {
+	for q.sqHead != q.sqTail {
 		w := &q.sq[q.sqHead&q.sqMask]
 		if w.state != wqeDone {
 			return
 		}
 		q.postSendWC(w, transport.WCSuccess, false)
+		if q.sqReq == q.sqHead {
+			q.sqReq++
+		}
 		q.sqHead++
 	}
 }
@@ -284,7 +297,9 @@ func (q *qp) gather(w *sendWQE, off uint32, dst []byte) bool {
 
 // reqRetry rewinds the SQ for go-back-N (rxe req_retry): transmission restarts at the oldest
 // unfinished WQE with PSN comp.psn; a partly acknowledged SEND/WRITE skips the packets already
-// acknowledged; a partly received READ is re-requested for the rest only.
+// acknowledged; a partly received READ is re-requested for the rest only. WQEs already done
+// (local operations executed behind an outstanding WQE) stay done: the requester steps over
+// them without executing them again, and retire completes them once, in SQ order.
 func (q *qp) reqRetry() {
 	q.dev.stats.retryEvents.Add(1)
 	q.sqReq = q.sqHead

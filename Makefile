@@ -40,3 +40,15 @@ demo:
 
 clean:
 	$(GO) clean -testcache
+
+# Interop with the Linux kernel: its ib_srp initiator (under QEMU, rdma_rxe) logs in to
+# cmd/srptarget and runs checksummed I/O (see $(INTEROP)/README.md). Needs root; not part of
+# `make test`. Extra settings go through the environment (SRP_INTEROP_FIO=1, ...).
+INTEROP ?= ../shared/interop
+
+.PHONY: interop
+interop:
+	mkdir -p bin
+	$(GO) build -o bin/srptarget ./cmd/srptarget
+	$(INTEROP)/srp-interop setup
+	$(INTEROP)/srp-interop kernel-initiator -- ./bin/srptarget

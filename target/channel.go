@@ -260,9 +260,7 @@ func (ch *channel) run() {
 				cmEvents = nil
 				break
 			}
-			if e.Type == transport.CMEventDisconnected {
-				ch.requestClose(closeReq{why: "disconnected by the initiator (DREQ)"})
-			}
+			ch.onCMEvent(e)
 		case <-timer.C:
 		}
 		if !timer.Stop() {
@@ -349,8 +347,34 @@ func (ch *channel) disconnect() {
 	ch.sqHead, ch.sqTail = nil, nil
 }
 
+// onCMEvent handles an event of the channel's connection: a disconnect (the initiator's DREQ,
+// how ib_srp logs out) closes the channel at once, before the flushed work requests that the
+// QP's move to ERR produced are taken for transport errors.
+func (ch *channel) onCMEvent(e transport.CMEvent) {
+	if e.Type == transport.CMEventDisconnected {
+		ch.requestClose(closeReq{why: "disconnected by the initiator (DREQ)"})
+		ch.checkRequest()
+	}
+}
+
 // fail handles a fatal error of the transport: close without T_LOGOUT.
 func (ch *channel) fail(what string, err error) {
+	if ch.st() == chLive && ch.conn != nil && ch.qp.State() == transport.QPSErr {
+		// The CM moves the QP to ERR before it delivers the disconnect event, so the flushes
+		// of a DREQ can be polled first: take a pending disconnect now; then they are no error.
+		// (Querying the state also waits for softroce's CM to finish handling the DREQ, which
+		// it does under the device lock: the event is queued by then.)
+		select {
+		case e, ok := <-ch.conn.Events():
+			if ok {
+				ch.onCMEvent(e)
+			}
+		default:
+		}
+		if ch.st() != chLive {
+			return
+		}
+	}
 	ch.stats.errors.Add(1)
 	if ch.st() == chLive {
 		ch.log.Warn("channel failed", zap.String("while", what), zap.Error(err))

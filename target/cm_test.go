@@ -85,11 +85,16 @@ func TestServeCM(t *testing.T) {
 		in.issue(r, 2, rng)
 		in.complete(r)
 	}
-	// The initiator disconnects (what ib_srp does instead of SRP_I_LOGOUT).
+	// The initiator disconnects (what ib_srp does instead of SRP_I_LOGOUT). The receives that
+	// the DREQ flushes are no transport error.
+	errsBefore := e.tgt.Stats().Errors
 	if err := conn.Disconnect(nil); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { s := e.tgt.Stats(); return s.Channels == 0 && s.MRs == 0 })
+	if n := e.tgt.Stats().Errors; n != errsBefore {
+		t.Fatalf("errors %d after the initiator's DREQ, %d before", n, errsBefore)
+	}
 
 	// Shutdown: T_LOGOUT, then the target's DREQ.
 	in2, conn2, err := e.dialLogin(defaultLogin())

@@ -909,3 +909,19 @@ func TestCMDeviceCloseUnblocks(t *testing.T) {
 		t.Fatalf("listen after close: %v", err)
 	}
 }
+
+// TestCMDisconnectThenDeviceClose: a DREQ sent right before Device.Close still goes out (Close
+// drains the queued MADs), so the peer learns of the disconnect (a target that logs its
+// channels out on shutdown).
+func TestCMDisconnectThenDeviceClose(t *testing.T) {
+	for i := 0; i < 20; i++ {
+		p := newCMUDP(t, nodeOpts{})
+		ca, cb := connectCM(t, p, nil, nil)
+		if err := cb.Disconnect(nil); err != nil {
+			t.Fatal(err)
+		}
+		p.b.close()
+		nextEvent(t, ca, transport.CMEventDisconnected)
+		p.a.close()
+	}
+}

@@ -283,9 +283,10 @@ func (d *Device) CreateCQ(entries int) (transport.CQ, error) {
 	return &cq{dev: d, ring: make([]transport.WC, entries), notify: make(chan struct{}, 1)}, nil
 }
 
-// Close implements transport.Device: no new work is accepted; outstanding send work is given
-// until ctx is done to complete (drain); then every QP moves to ERR (flushing what remains), the
-// link is closed and both goroutines exit. It returns ctx's error if the drain was cut short.
+// Close implements transport.Device: no new work is accepted; outstanding send work and queued
+// CM MADs (a DREQ sent just before Close) are given until ctx is done to complete (drain); then
+// every QP moves to ERR (flushing what remains), the link is closed and both goroutines exit.
+// It returns ctx's error if the drain was cut short.
 func (d *Device) Close(ctx context.Context) error {
 	d.mu.Lock()
 	if d.closing {
@@ -315,6 +316,10 @@ drain:
 	d.closed = true
 	d.mu.Unlock()
 	close(d.done)
+	// A batch handed to the link just before (the loops hold sendMu across Send) is sent
+	// before the link closes.
+	d.sendMu.Lock()
+	d.sendMu.Unlock() //nolint:staticcheck // a barrier
 	err := d.lnk.Close()
 	d.wg.Wait()
 	if drainErr != nil {
@@ -338,7 +343,7 @@ func (d *Device) drained() bool {
 			return false
 		}
 	}
-	return true
+	return len(d.cm.txq) == 0
 }
 
 // schedule puts q on the transmit loop's ready list and wakes it. dev.mu held.

@@ -1,0 +1,555 @@
+package nbd
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// readBufferSize is the size of a connection's bufio.Reader: many pipelined request headers
+// per read syscall; WRITE payloads larger than it are read straight into their buffer.
+const readBufferSize = 64 << 10
+
+// errStopped ends the read loop when the connection is drained.
+var errStopped = errors.New("nbd: connection stopped")
+
+// request is one request read from the client, from the read loop through a worker to its
+// reply. A connection preallocates MaxInFlight of them.
+type request struct {
+	typ    uint16
+	flags  uint16
+	handle uint64
+	off    uint64
+	length uint32
+	errno  Errno  // set when the request was refused before reaching the Device
+	msg    string // human-readable reason for errno, for structured error chunks
+	buf    *buffer
+	win    int64  // bytes charged to the connection's window
+	out    []byte // the encoded reply, set by serve, written by the reply writer
+	// scratch holds the reply of a request without a data payload: a simple reply, a
+	// structured NONE chunk or an error chunk with its message.
+	scratch [errorChunkHdrLen + maxErrorMessage]byte
+}
+
+// conn is one client connection.
+type conn struct {
+	srv    *Server
+	nc     net.Conn
+	id     uint64
+	remote string
+	log    *zap.Logger
+	br     *bufio.Reader
+
+	ctx    context.Context // passed to the Device; cancelled by kill and at the end
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the connection is fully finished
+
+	dlMu     sync.Mutex // orders setReadDeadline against drain
+	draining bool
+	stop     chan struct{} // closed by drain
+
+	// Handshake results.
+	optBuf     []byte
+	noZeroes   bool
+	structured bool
+	exp        *export
+	dev        Device
+	size       int64
+	bs         int64
+	tflags     uint16
+	readOnly   bool
+	canTrim    bool
+	since      time.Time
+
+	// Transmission.
+	hdr     [requestHdrLen]byte
+	free    chan *request
+	queue   chan *request
+	workers sync.WaitGroup
+	// Replies are written by whichever worker finds no write in progress (flat combining):
+	// it sends every queued reply with one writev, then releases their requests, and loops
+	// while more arrive; the other workers queue their reply and go on to the next request.
+	rmu      sync.Mutex
+	rq       []*request // replies waiting to be written
+	rspare   []*request // the other batch slice, swapped with rq
+	writing  bool
+	iov      net.Buffers
+	iovStore [][]byte
+	broken   atomic.Bool
+	inflight atomic.Int64
+	winBytes atomic.Int64
+	winLimit int64
+	winWake  chan struct{}
+	poolWake chan struct{}
+	debug    bool
+
+	counters counters
+}
+
+// unixSocketBuffer is asked for as the send and receive buffer of unix socket connections: a
+// few large replies (or WRITE payloads) fit, so a 128 KiB read reply goes out in one writev
+// instead of several partial writes with a wait for the client in between. The kernel caps it
+// at net.core.wmem_max / rmem_max. TCP connections keep the kernel's autotuning.
+const unixSocketBuffer = 2 << 20
+
+func newConn(s *Server, base context.Context, nc net.Conn) *conn {
+	if uc, ok := nc.(*net.UnixConn); ok {
+		uc.SetWriteBuffer(unixSocketBuffer)
+		uc.SetReadBuffer(unixSocketBuffer)
+	}
+	ctx, cancel := context.WithCancel(base)
+	id := s.nextID.Add(1)
+	remote := ""
+	if a := nc.RemoteAddr(); a != nil {
+		remote = a.String()
+	}
+	return &conn{
+		srv:      s,
+		nc:       nc,
+		id:       id,
+		remote:   remote,
+		log:      s.log.With(zap.Uint64("conn", id), zap.String("remote", remote)),
+		br:       bufio.NewReaderSize(nc, readBufferSize),
+		ctx:      ctx,
+		cancel:   cancel,
+		done:     make(chan struct{}),
+		stop:     make(chan struct{}),
+		winLimit: s.cfg.ConnMaxInFlightBytes,
+		winWake:  make(chan struct{}, 1),
+		poolWake: make(chan struct{}, 1),
+	}
+}
+
+// setReadDeadline sets the read deadline unless the connection is being drained (whose
+// deadline in the past must stay).
+func (c *conn) setReadDeadline(t time.Time) {
+	c.dlMu.Lock()
+	defer c.dlMu.Unlock()
+	if !c.draining {
+		c.nc.SetReadDeadline(t)
+	}
+}
+
+// drain stops reading requests: the blocked read returns, as do waits for buffers and request
+// slots. Requests already read are still answered.
+func (c *conn) drain() {
+	c.dlMu.Lock()
+	defer c.dlMu.Unlock()
+	if c.draining {
+		return
+	}
+	c.draining = true
+	c.nc.SetReadDeadline(time.Unix(1, 0))
+	close(c.stop)
+}
+
+// kill cancels the requests in flight and closes the socket.
+func (c *conn) kill() {
+	c.cancel()
+	c.nc.Close()
+}
+
+// fail records that a reply could not be written: the client is gone or the connection is
+// broken, so nothing more is sent, and the read loop is woken up by the close.
+func (c *conn) fail(err error) {
+	if c.broken.CompareAndSwap(false, true) {
+		c.log.Debug("reply write failed; closing", zap.Error(err))
+		c.drain() // also ends a wait of the read loop for a buffer or a request slot
+		c.nc.Close()
+	}
+}
+
+// cleanEnd maps the ways a connection ends normally to nil.
+func cleanEnd(err error) error {
+	switch {
+	case err == nil, errors.Is(err, errAbort), errors.Is(err, errStopped), errors.Is(err, io.EOF):
+		return nil
+	}
+	return err
+}
+
+func (c *conn) stats() ConnStats {
+	return ConnStats{
+		ID:         c.id,
+		Remote:     c.remote,
+		Export:     c.exp.name,
+		Since:      c.since,
+		Structured: c.structured,
+		InFlight:   int(c.inflight.Load()),
+		Counters:   c.counters.snapshot(),
+	}
+}
+
+// transmit runs the transmission phase: the calling goroutine reads requests and hands them
+// to the workers, which call the Device and send the replies.
+func (c *conn) transmit() error {
+	c.setReadDeadline(time.Time{})
+	c.debug = c.log.Core().Enabled(zapcore.DebugLevel)
+	cfg := &c.srv.cfg
+	reqs := make([]request, cfg.MaxInFlight)
+	c.free = make(chan *request, cfg.MaxInFlight)
+	c.queue = make(chan *request, cfg.MaxInFlight)
+	for i := range reqs {
+		c.free <- &reqs[i]
+	}
+	c.workers.Add(cfg.Workers)
+	for i := 0; i < cfg.Workers; i++ {
+		go c.worker()
+	}
+	err := c.readLoop()
+	close(c.queue)
+	c.workers.Wait()
+	if err != nil && c.broken.Load() {
+		// The read failed because a failed reply write closed the socket.
+		err = nil
+	}
+	return err
+}
+
+// readErr turns a read error caused by drain (the deadline in the past) into errStopped.
+func (c *conn) readErr(err error) error {
+	c.dlMu.Lock()
+	defer c.dlMu.Unlock()
+	if c.draining {
+		return errStopped
+	}
+	return err
+}
+
+// readLoop reads requests until NBD_CMD_DISC, the end of the stream, a protocol violation or
+// drain.
+func (c *conn) readLoop() error {
+	maxReq := uint32(c.srv.cfg.MaxRequestSize)
+	skipLimit := uint64(maxReq) * 4
+	for {
+		if _, err := io.ReadFull(c.br, c.hdr[:]); err != nil {
+			return c.readErr(err)
+		}
+		h := c.hdr[:]
+		if m := binary.BigEndian.Uint32(h[0:]); m != requestMagic {
+			// No way to resynchronise on a byte stream: hard disconnect.
+			return protoErr("bad request magic %#x", m)
+		}
+		typ := binary.BigEndian.Uint16(h[6:])
+		if typ == cmdDisc {
+			// proto.md "NBD_CMD_DISC": answer everything outstanding, then close; no reply.
+			return nil
+		}
+		var r *request
+		select {
+		case r = <-c.free:
+		default:
+			select {
+			case r = <-c.free:
+			case <-c.stop:
+				return errStopped
+			}
+		}
+		r.typ = typ
+		r.flags = binary.BigEndian.Uint16(h[4:])
+		r.handle = binary.BigEndian.Uint64(h[8:])
+		r.off = binary.BigEndian.Uint64(h[16:])
+		r.length = binary.BigEndian.Uint32(h[24:])
+		r.errno, r.msg = c.check(r)
+
+		switch {
+		case typ == cmdWrite && (r.errno != 0 || r.length == 0):
+			if r.length > maxReq && uint64(r.length) > skipLimit {
+				c.free <- r
+				return protoErr("WRITE of %d bytes", r.length)
+			}
+			if _, err := c.br.Discard(int(r.length)); err != nil {
+				c.free <- r
+				return c.readErr(err)
+			}
+		case typ == cmdWrite:
+			if !c.acquire(r) {
+				c.free <- r
+				return errStopped
+			}
+			if _, err := io.ReadFull(c.br, r.buf.payload(int(r.length))); err != nil {
+				c.release(r)
+				return c.readErr(err)
+			}
+		case typ == cmdRead && r.errno == 0 && r.length > 0:
+			if !c.acquire(r) {
+				c.free <- r
+				return errStopped
+			}
+		}
+		c.inflight.Add(1)
+		c.queue <- r // never blocks: the queue holds every request
+	}
+}
+
+// check validates a request against the negotiated parameters and returns the error to answer
+// it with (0 when the Device is to be called). See proto.md "Error values" and "Block size
+// constraints" for the choice of errors.
+func (c *conn) check(r *request) (Errno, string) {
+	allowed := cmdFlagFUA // valid on every command once NBD_FLAG_SEND_FUA is advertised
+	switch r.typ {
+	case cmdRead:
+		if c.structured {
+			allowed |= cmdFlagDF
+		}
+	case cmdWriteZeroes:
+		allowed |= cmdFlagNoHole
+	case cmdWrite, cmdFlush, cmdTrim, cmdCache:
+	default:
+		return EINVAL, "unknown or unsupported command"
+	}
+	if r.flags&^allowed != 0 {
+		return EINVAL, "command flag not valid for this command"
+	}
+	switch r.typ {
+	case cmdFlush:
+		return 0, "" // offset and length are reserved; ignored
+	case cmdWrite, cmdWriteZeroes, cmdTrim:
+		if c.readOnly {
+			return EPERM, "export is read-only"
+		}
+	}
+	if r.typ == cmdTrim && !c.canTrim {
+		return EINVAL, "NBD_CMD_TRIM was not advertised"
+	}
+	if (r.typ == cmdRead || r.typ == cmdWrite) && r.length > uint32(c.srv.cfg.MaxRequestSize) {
+		return EINVAL, "request larger than the maximum block size"
+	}
+	size := uint64(c.size)
+	if r.off > size || uint64(r.length) > size-r.off {
+		if r.typ == cmdWrite || r.typ == cmdWriteZeroes {
+			return ENOSPC, "write beyond the end of the export"
+		}
+		return EINVAL, "request beyond the end of the export"
+	}
+	// TRIM is a hint and is rounded inwards to whole blocks instead (proto.md "NBD_CMD_TRIM").
+	if r.typ != cmdTrim {
+		bs := uint64(c.bs)
+		if r.off%bs != 0 || uint64(r.length)%bs != 0 {
+			return EINVAL, "request not aligned to the minimum block size"
+		}
+	}
+	return 0, ""
+}
+
+// acquire gets a data buffer for r.length bytes, waiting for the connection's window and the
+// server's pool; false when the connection is drained meanwhile.
+func (c *conn) acquire(r *request) bool {
+	n := int(r.length)
+	size := classBytes(sizeClass(n))
+	// Only this goroutine adds to winBytes, so the check below cannot be overtaken.
+	for {
+		cur := c.winBytes.Load()
+		if cur == 0 || cur+size <= c.winLimit {
+			break
+		}
+		select {
+		case <-c.winWake:
+		case <-c.stop:
+			return false
+		}
+	}
+	c.winBytes.Add(size)
+	b := c.srv.pool.get(n, c.poolWake, c.stop)
+	if b == nil {
+		c.winBytes.Add(-size)
+		return false
+	}
+	r.buf, r.win = b, size
+	return true
+}
+
+// release returns r's buffer and r itself.
+func (c *conn) release(r *request) {
+	if r.buf != nil {
+		c.srv.pool.put(r.buf)
+		r.buf = nil
+		c.winBytes.Add(-r.win)
+		r.win = 0
+		select {
+		case c.winWake <- struct{}{}:
+		default:
+		}
+	}
+	r.msg = ""
+	c.free <- r
+}
+
+// worker executes requests and queues their replies.
+func (c *conn) worker() {
+	defer c.workers.Done()
+	for r := range c.queue {
+		c.serve(r)
+	}
+}
+
+// send queues r's reply (r.out) and, unless another worker is writing, writes every queued
+// reply and releases the requests. r must not be touched after send.
+func (c *conn) send(r *request) {
+	c.rmu.Lock()
+	c.rq = append(c.rq, r)
+	if c.writing {
+		c.rmu.Unlock()
+		return
+	}
+	c.writing = true
+	for len(c.rq) > 0 {
+		batch := c.rq
+		c.rq, c.rspare = c.rspare[:0], batch
+		c.rmu.Unlock()
+		if !c.broken.Load() {
+			c.iov = c.iovStore[:0]
+			for _, q := range batch {
+				c.iov = append(c.iov, q.out)
+			}
+			c.iovStore = c.iov[:0]
+			if _, err := c.iov.WriteTo(c.nc); err != nil {
+				c.fail(err)
+			}
+		}
+		for i, q := range batch {
+			q.out = nil
+			c.inflight.Add(-1)
+			c.release(q)
+			batch[i] = nil
+		}
+		c.rmu.Lock()
+	}
+	c.writing = false
+	c.rmu.Unlock()
+}
+
+// serve executes one request and replies to it.
+func (c *conn) serve(r *request) {
+	if c.broken.Load() {
+		// The client is gone: nobody would see the result.
+		c.inflight.Add(-1)
+		c.release(r)
+		return
+	}
+	e := r.errno
+	var err error
+	n := int64(r.length)
+	off := int64(r.off)
+	if e == 0 {
+		switch r.typ {
+		case cmdRead:
+			if n > 0 {
+				err = c.dev.ReadAt(c.ctx, r.buf.payload(int(n)), off)
+			}
+		case cmdWrite:
+			if n > 0 {
+				err = c.dev.WriteAt(c.ctx, r.buf.payload(int(n)), off, r.flags&cmdFlagFUA != 0)
+			}
+		case cmdFlush:
+			err = c.dev.Flush(c.ctx)
+		case cmdTrim:
+			lo := (off + c.bs - 1) / c.bs * c.bs
+			hi := (off + n) / c.bs * c.bs
+			if hi > lo {
+				err = c.dev.Discard(c.ctx, lo, hi-lo)
+			}
+			if err == nil && r.flags&cmdFlagFUA != 0 {
+				err = c.dev.Flush(c.ctx)
+			}
+		case cmdWriteZeroes:
+			if n > 0 {
+				err = c.dev.WriteZeroes(c.ctx, off, n, r.flags&cmdFlagNoHole != 0)
+			}
+			if err == nil && r.flags&cmdFlagFUA != 0 {
+				err = c.dev.Flush(c.ctx)
+			}
+		case cmdCache:
+			// A hint; nothing to prefetch into (proto.md "NBD_CMD_CACHE" allows a no-op).
+		}
+		if err != nil {
+			e = ErrnoOf(err)
+			if c.debug {
+				c.log.Debug("device error", zap.String("cmd", cmdName(r.typ)), zap.Uint64("offset", r.off),
+					zap.Uint32("length", r.length), zap.Error(err), zap.Uint32("nbd_errno", uint32(e)))
+			}
+		}
+	}
+	c.counters.count(r.typ, e, int(n))
+	c.reply(r, e, err)
+}
+
+// reply sends the reply to r: a simple reply, or with structured replies negotiated a single
+// chunk (proto.md "Simple reply message", "Structured reply chunk message").
+func (c *conn) reply(r *request, e Errno, cause error) {
+	var msg []byte
+	switch {
+	case c.structured && r.typ == cmdRead && e == 0 && r.length > 0:
+		// One NBD_REPLY_TYPE_OFFSET_DATA chunk marked done: the data is all read already, so
+		// no error can follow it.
+		n := int(r.length)
+		msg = r.buf.b[replyHeadroom-offsetDataHdrLen : replyHeadroom+n]
+		putChunkHeader(msg, replyFlagDone, replyTypeOffsetData, r.handle, uint32(8+n))
+		binary.BigEndian.PutUint64(msg[structuredHdrLen:], r.off)
+	case c.structured && r.typ == cmdRead && e == 0:
+		msg = r.scratch[:structuredHdrLen]
+		putChunkHeader(msg, replyFlagDone, replyTypeNone, r.handle, 0)
+	case c.structured && e != 0:
+		// NBD_REPLY_TYPE_ERROR: error(4), message length(2), message.
+		text := r.msg
+		if cause != nil {
+			text = cause.Error()
+		}
+		m := r.scratch[errorChunkHdrLen:errorChunkHdrLen]
+		m = appendMessage(m, text)
+		msg = r.scratch[:errorChunkHdrLen+len(m)]
+		putChunkHeader(msg, replyFlagDone, replyTypeError, r.handle, uint32(6+len(m)))
+		binary.BigEndian.PutUint32(msg[structuredHdrLen:], uint32(e))
+		binary.BigEndian.PutUint16(msg[structuredHdrLen+4:], uint16(len(m)))
+	case r.typ == cmdRead && e == 0 && r.length > 0:
+		n := int(r.length)
+		msg = r.buf.b[replyHeadroom-simpleReplyLen : replyHeadroom+n]
+		putSimpleReply(msg, 0, r.handle)
+	default:
+		// Simple reply without payload (also for failed reads: proto.md "Simple replies" says
+		// no payload follows an error).
+		msg = r.scratch[:simpleReplyLen]
+		putSimpleReply(msg, e, r.handle)
+	}
+	r.out = msg
+	c.send(r)
+}
+
+func putSimpleReply(b []byte, e Errno, handle uint64) {
+	binary.BigEndian.PutUint32(b[0:], simpleReplyMagic)
+	binary.BigEndian.PutUint32(b[4:], uint32(e))
+	binary.BigEndian.PutUint64(b[8:], handle)
+}
+
+func putChunkHeader(b []byte, flags, typ uint16, handle uint64, length uint32) {
+	binary.BigEndian.PutUint32(b[0:], structuredReplyMagic)
+	binary.BigEndian.PutUint16(b[4:], flags)
+	binary.BigEndian.PutUint16(b[6:], typ)
+	binary.BigEndian.PutUint64(b[8:], handle)
+	binary.BigEndian.PutUint32(b[16:], length)
+}
+
+// appendMessage appends at most maxErrorMessage bytes of s to b, cut at a rune boundary and
+// without NUL bytes, so that it stays a valid NBD string.
+func appendMessage(b []byte, s string) []byte {
+	for _, r := range s {
+		if r == 0 || r == utf8.RuneError {
+			r = '?'
+		}
+		if len(b)+utf8.RuneLen(r) > maxErrorMessage {
+			break
+		}
+		b = utf8.AppendRune(b, r)
+	}
+	return b
+}

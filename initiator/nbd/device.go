@@ -1,0 +1,58 @@
+package nbd
+
+import "context"
+
+// Device is the block device behind one export: the initiator's per-LUN block API implements
+// it. The server calls it from many goroutines at once (one per request in flight, across every
+// connection to the export) and checks every request before calling it, so a Device only sees:
+//
+//   - off and len(p) (or n) that are multiples of BlockSize(), with the range inside
+//     [0, Size()) as Size() was when the client connected; n > 0 and len(p) > 0;
+//   - len(p) ≤ Config.MaxRequestSize for ReadAt and WriteAt (Discard and WriteZeroes ranges
+//     carry no payload and may be as large as the export);
+//   - no WriteAt, Discard or WriteZeroes when ReadOnly(), and no Discard unless CanDiscard().
+//
+// p belongs to the server and must not be retained after the call returns.
+//
+// Durability (what makes NBD_FLAG_CAN_MULTI_CONN valid, and the server always advertises it):
+//
+//   - Flush makes durable every write (WriteAt, Discard, WriteZeroes) that completed — returned
+//     — before Flush was called, whichever connection, goroutine or caller issued it. A Device
+//     with per-connection or per-goroutine caches must not implement Flush per cache.
+//   - WriteAt with fua=true returns only once that write is durable. The server turns FUA on
+//     TRIM and WRITE_ZEROES into the call followed by Flush.
+//   - A completed write is visible to every later ReadAt, from any connection.
+//
+// Errors: return nil, or an error that ErrnoOf maps to the NBD error the client should see:
+// an Errno (nbd.EIO, nbd.ENOSPC, nbd.EPERM, nbd.EINVAL, nbd.ESHUTDOWN when the session to the
+// target is gone for good), an *Error from DeviceError, a syscall.Errno, or any other error
+// (sent as EIO). The server only sends the values proto.md allows for the request: ENOTSUP
+// and EOVERFLOW from a Device go out as EINVAL.
+//
+// Cancellation: ctx is cancelled when the server gives up on the connection (the shutdown or
+// RemoveExport bound expired, or the client vanished); the call should then return promptly,
+// because RemoveExport and Serve wait for every call into the Device to return.
+type Device interface {
+	// ReadAt fills p with the bytes at off.
+	ReadAt(ctx context.Context, p []byte, off int64) error
+	// WriteAt writes p at off; with fua the data is durable when it returns.
+	WriteAt(ctx context.Context, p []byte, off int64, fua bool) error
+	// Flush makes every completed write durable (see above).
+	Flush(ctx context.Context) error
+	// Discard deallocates [off, off+n) (NBD_CMD_TRIM, a hint: the contents become unspecified).
+	Discard(ctx context.Context, off, n int64) error
+	// WriteZeroes makes [off, off+n) read as zeroes; with noUnmap (NBD_CMD_FLAG_NO_HOLE) the
+	// range stays allocated (SCSI WRITE SAME without UNMAP), otherwise it may be deallocated.
+	// It must be supported on every writable Device (falling back to writing zeroes).
+	WriteZeroes(ctx context.Context, off, n int64, noUnmap bool) error
+	// Size is the capacity in bytes, a multiple of BlockSize(). Read at each handshake.
+	Size() int64
+	// BlockSize is the logical block size: 512 or 4096 (any power of two from 512 to 65536 is
+	// accepted). It is the minimum and preferred block size of NBD_INFO_BLOCK_SIZE, and the
+	// alignment the server enforces on offsets and lengths.
+	BlockSize() int
+	// ReadOnly exports the device read-only (NBD_FLAG_READ_ONLY; writes get EPERM).
+	ReadOnly() bool
+	// CanDiscard advertises NBD_FLAG_SEND_TRIM.
+	CanDiscard() bool
+}

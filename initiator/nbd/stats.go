@@ -1,0 +1,161 @@
+package nbd
+
+import (
+	"sort"
+	"sync/atomic"
+	"time"
+)
+
+// Counters count the requests of a connection or an export. Requests counts every request
+// answered (DISC has no reply and is not counted); the per-command counts include failed
+// requests; Errors counts replies with a non-zero error.
+type Counters struct {
+	Requests     uint64
+	Reads        uint64
+	Writes       uint64
+	Flushes      uint64
+	Trims        uint64
+	WriteZeroes  uint64
+	Caches       uint64
+	Invalid      uint64 // unknown commands (answered EINVAL)
+	BytesRead    uint64 // payload bytes sent in successful READ replies
+	BytesWritten uint64 // payload bytes of successful WRITEs
+	Errors       uint64
+}
+
+func (c *Counters) add(o Counters) {
+	c.Requests += o.Requests
+	c.Reads += o.Reads
+	c.Writes += o.Writes
+	c.Flushes += o.Flushes
+	c.Trims += o.Trims
+	c.WriteZeroes += o.WriteZeroes
+	c.Caches += o.Caches
+	c.Invalid += o.Invalid
+	c.BytesRead += o.BytesRead
+	c.BytesWritten += o.BytesWritten
+	c.Errors += o.Errors
+}
+
+// counters is the live, atomically updated form of Counters.
+type counters struct {
+	requests, reads, writes, flushes, trims, zeroes, caches, invalid atomic.Uint64
+	bytesRead, bytesWritten, errors                                  atomic.Uint64
+}
+
+func (c *counters) snapshot() Counters {
+	return Counters{
+		Requests:     c.requests.Load(),
+		Reads:        c.reads.Load(),
+		Writes:       c.writes.Load(),
+		Flushes:      c.flushes.Load(),
+		Trims:        c.trims.Load(),
+		WriteZeroes:  c.zeroes.Load(),
+		Caches:       c.caches.Load(),
+		Invalid:      c.invalid.Load(),
+		BytesRead:    c.bytesRead.Load(),
+		BytesWritten: c.bytesWritten.Load(),
+		Errors:       c.errors.Load(),
+	}
+}
+
+// count records one answered request of type typ with error code e and n payload bytes.
+func (c *counters) count(typ uint16, e Errno, n int) {
+	c.requests.Add(1)
+	switch typ {
+	case cmdRead:
+		c.reads.Add(1)
+		if e == 0 {
+			c.bytesRead.Add(uint64(n))
+		}
+	case cmdWrite:
+		c.writes.Add(1)
+		if e == 0 {
+			c.bytesWritten.Add(uint64(n))
+		}
+	case cmdFlush:
+		c.flushes.Add(1)
+	case cmdTrim:
+		c.trims.Add(1)
+	case cmdWriteZeroes:
+		c.zeroes.Add(1)
+	case cmdCache:
+		c.caches.Add(1)
+	default:
+		c.invalid.Add(1)
+	}
+	if e != 0 {
+		c.errors.Add(1)
+	}
+}
+
+// ConnStats describes one connection in transmission phase.
+type ConnStats struct {
+	ID         uint64
+	Remote     string // the peer address ("@" or empty for unnamed unix sockets)
+	Export     string
+	Since      time.Time // when transmission started
+	Structured bool      // structured replies negotiated
+	InFlight   int       // requests read and not yet answered
+	Counters
+}
+
+// ExportStats describes one export: Counters sum every connection it ever had.
+type ExportStats struct {
+	Name      string
+	Size      int64
+	BlockSize int
+	ReadOnly  bool
+	Conns     int // connections in transmission phase now
+	Counters
+}
+
+// Stats is a snapshot of the server's counters.
+type Stats struct {
+	Accepted          uint64 // connections accepted (or passed to ServeConn)
+	HandshakeFailures uint64 // connections that ended before transmission (incl. NBD_OPT_ABORT)
+	Active            int    // connections open now, in handshake or transmission
+	BufferBytes       int64  // bytes held in request buffers, in use or free
+	BufferBudget      int64  // Config.MaxInFlightBytes
+	Exports           []ExportStats
+	Conns             []ConnStats
+}
+
+// Stats returns a snapshot of the server's counters. Exports and Conns are sorted by name and
+// ID.
+func (s *Server) Stats() Stats {
+	var st Stats
+	st.Accepted = s.accepted.Load()
+	st.HandshakeFailures = s.handshakeFailures.Load()
+	st.BufferBytes, st.BufferBudget = s.pool.stats()
+
+	s.mu.Lock()
+	st.Active = len(s.conns)
+	exps := make([]*export, 0, len(s.exports))
+	for _, e := range s.exports {
+		exps = append(exps, e)
+	}
+	s.mu.Unlock()
+
+	for _, e := range exps {
+		e.mu.Lock()
+		es := ExportStats{
+			Name:      e.name,
+			Size:      e.dev.Size(),
+			BlockSize: e.dev.BlockSize(),
+			ReadOnly:  e.dev.ReadOnly(),
+			Conns:     len(e.conns),
+			Counters:  e.retired,
+		}
+		for c := range e.conns {
+			cs := c.stats()
+			es.Counters.add(cs.Counters)
+			st.Conns = append(st.Conns, cs)
+		}
+		e.mu.Unlock()
+		st.Exports = append(st.Exports, es)
+	}
+	sort.Slice(st.Exports, func(i, j int) bool { return st.Exports[i].Name < st.Exports[j].Name })
+	sort.Slice(st.Conns, func(i, j int) bool { return st.Conns[i].ID < st.Conns[j].ID })
+	return st
+}

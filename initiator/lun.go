@@ -1,0 +1,571 @@
+package initiator
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/srp"
+)
+
+// SCSI operation codes the initiator sends.
+const (
+	opTestUnitReady  = 0x00
+	opInquiry        = 0x12
+	opModeSense10    = 0x5a
+	opReadCapacity10 = 0x25
+	opRead16         = 0x88
+	opWrite16        = 0x8a
+	opSyncCache16    = 0x91
+	opWriteSame16    = 0x93
+	opServiceIn16    = 0x9e
+	opUnmap          = 0x42
+	opReportLUNs     = 0xa0
+
+	saReadCapacity16 = 0x10
+
+	// defaultMaxWriteSame bounds one WRITE SAME when the LUN reports no limit (Linux sd's
+	// SD_MAX_WS16_BLOCKS).
+	defaultMaxWriteSame = 0x7fffff
+)
+
+// LUNInfo is what discovery learned about a logical unit.
+type LUNInfo struct {
+	Number  uint64  // LUN number (single-level addressing), or the 8-byte address as a number
+	Address srp.LUN // the 8-byte SAM LUN as REPORT LUNS gave it
+
+	Vendor, Product, Revision string // standard INQUIRY
+	Serial                    string // VPD 0x80 (may be empty)
+	// ID is the logical unit's designator from VPD 0x83 (NAA preferred, then EUI-64, then T10
+	// vendor ID, then SCSI name string), IDType its designator type name ("naa", "eui64",
+	// "t10", "name"); empty when the LUN reports none.
+	ID     []byte
+	IDType string
+
+	BlockSize    int    // logical block size in bytes
+	Blocks       uint64 // capacity in logical blocks
+	PhysBlockExp uint8  // logical blocks per physical block exponent
+	ReadOnly     bool   // write protected (MODE SENSE WP bit)
+
+	Provisioning     bool   // logical block provisioning management enabled (thin)
+	UnmapSupported   bool   // UNMAP (VPD 0xB2 LBPU)
+	WriteSameUnmap   bool   // WRITE SAME(16) with UNMAP (VPD 0xB2 LBPWS)
+	ZeroesAfterUnmap bool   // unmapped blocks read as zeroes (LBPRZ)
+	MaxTransfer      uint32 // MAXIMUM TRANSFER LENGTH in blocks (VPD 0xB0; 0: no limit)
+	OptimalTransfer  uint32 // OPTIMAL TRANSFER LENGTH in blocks
+	MaxUnmapLBAs     uint32 // MAXIMUM UNMAP LBA COUNT
+	MaxUnmapDescs    uint32 // MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT
+	MaxWriteSame     uint64 // MAXIMUM WRITE SAME LENGTH in blocks (0: none reported)
+}
+
+// IDString formats ID in hexadecimal with its type (e.g. "naa.6001405..."), or "" without one.
+func (i LUNInfo) IDString() string {
+	if len(i.ID) == 0 {
+		return ""
+	}
+	if i.IDType == "t10" || i.IDType == "name" {
+		return i.IDType + "." + string(bytes.TrimRight(i.ID, " \x00"))
+	}
+	return i.IDType + "." + hex.EncodeToString(i.ID)
+}
+
+// LUN is a logical unit of the target, with a block API: ReadAt, WriteAt, Flush, Discard and
+// WriteZeroes. It implements the NBD server's Device interface (see NBDDevice for the error
+// mapping). All methods are safe for concurrent use.
+type LUN struct {
+	s         *Session
+	info      atomic.Pointer[LUNInfo]
+	noWSame   atomic.Bool // WRITE SAME(16) was refused: write zeroes with WRITE(16)
+	bsShift   uint
+	blockSize int
+}
+
+// Info returns what discovery learned about the logical unit.
+func (l *LUN) Info() LUNInfo { return *l.info.Load() }
+
+// Session returns the session the LUN belongs to.
+func (l *LUN) Session() *Session { return l.s }
+
+// Size is the capacity in bytes.
+func (l *LUN) Size() int64 {
+	i := l.info.Load()
+	return int64(i.Blocks) * int64(i.BlockSize)
+}
+
+// BlockSize is the logical block size.
+func (l *LUN) BlockSize() int { return l.blockSize }
+
+// ReadOnly reports whether the LUN is write protected.
+func (l *LUN) ReadOnly() bool { return l.info.Load().ReadOnly }
+
+// CanDiscard reports whether Discard is supported (UNMAP, or WRITE SAME with UNMAP).
+func (l *LUN) CanDiscard() bool {
+	i := l.info.Load()
+	return !i.ReadOnly && (i.UnmapSupported || i.WriteSameUnmap)
+}
+
+// LUNs returns the logical units found by the last discovery, in REPORT LUNS order.
+func (s *Session) LUNs() []*LUN {
+	s.lunMu.RLock()
+	defer s.lunMu.RUnlock()
+	return append([]*LUN(nil), s.luns...)
+}
+
+// LUN returns logical unit n, or nil.
+func (s *Session) LUN(n uint64) *LUN {
+	s.lunMu.RLock()
+	defer s.lunMu.RUnlock()
+	for _, l := range s.luns {
+		if l.info.Load().Number == n {
+			return l
+		}
+	}
+	return nil
+}
+
+// ---- the block API ----
+
+func (l *LUN) check(off int64, n int64) error {
+	bs := int64(l.blockSize)
+	if off < 0 || n < 0 || off%bs != 0 || n%bs != 0 || off+n > l.Size() || off+n < off {
+		return fmt.Errorf("initiator: LUN %d: offset %d length %d: %w", l.info.Load().Number, off, n, ErrRange)
+	}
+	return nil
+}
+
+func (l *LUN) rwJob(j *job, op string, off int64, n int) {
+	i := l.info.Load()
+	*j = job{lun: i.Number, lunAddr: i.Address, op: op, rw: true, lba: uint64(off) >> l.bsShift,
+		bs: l.blockSize, maxBlocks: int(i.MaxTransfer), total: n}
+}
+
+// ReadAt reads len(p) bytes at byte offset off (both multiples of the block size) with READ(16),
+// split into commands the channels and the LUN's maximum transfer length allow.
+func (l *LUN) ReadAt(ctx context.Context, p []byte, off int64) error {
+	if err := l.check(off, int64(len(p))); err != nil {
+		return err
+	}
+	if len(p) == 0 {
+		return nil
+	}
+	var j job
+	l.rwJob(&j, "READ(16)", off, len(p))
+	j.buf = p
+	return l.s.run(ctx, &j)
+}
+
+// WriteAt writes p at byte offset off with WRITE(16); with fua the Force Unit Access bit is set
+// and the data is durable when WriteAt returns. Small writes travel as immediate data when the
+// target granted it.
+func (l *LUN) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
+	if err := l.check(off, int64(len(p))); err != nil {
+		return err
+	}
+	if l.ReadOnly() {
+		return fmt.Errorf("initiator: LUN %d: %w", l.info.Load().Number, ErrReadOnly)
+	}
+	if len(p) == 0 {
+		return nil
+	}
+	var j job
+	l.rwJob(&j, "WRITE(16)", off, len(p))
+	j.buf, j.write, j.fua = p, true, fua
+	return l.s.run(ctx, &j)
+}
+
+// Flush makes every completed write durable: SYNCHRONIZE CACHE(16) over the whole LUN.
+func (l *LUN) Flush(ctx context.Context) error {
+	var j job
+	l.single(&j, "SYNCHRONIZE CACHE(16)", dirNone, 16)
+	j.spec.cdb[0] = opSyncCache16
+	return l.s.run(ctx, &j)
+}
+
+// Discard deallocates [off, off+n) with UNMAP (or WRITE SAME(16) with UNMAP when that is all the
+// LUN offers), split by the LUN's limits. The contents of the range become unspecified (zeroes if
+// ZeroesAfterUnmap).
+func (l *LUN) Discard(ctx context.Context, off, n int64) error {
+	if err := l.check(off, n); err != nil {
+		return err
+	}
+	i := l.info.Load()
+	switch {
+	case i.ReadOnly:
+		return fmt.Errorf("initiator: LUN %d: %w", i.Number, ErrReadOnly)
+	case !i.UnmapSupported && i.WriteSameUnmap:
+		return l.writeSame(ctx, off, n, true)
+	case !i.UnmapSupported:
+		return fmt.Errorf("initiator: LUN %d: discard: %w", i.Number, ErrNotSupported)
+	}
+	lba, end := uint64(off)>>l.bsShift, uint64(off+n)>>l.bsShift
+	maxDescs := 255 // keeps the parameter list within one 4 KiB page
+	if i.MaxUnmapDescs > 0 && int(i.MaxUnmapDescs) < maxDescs {
+		maxDescs = int(i.MaxUnmapDescs)
+	}
+	maxLBAs := uint64(0xffffffff)
+	if i.MaxUnmapLBAs > 0 {
+		maxLBAs = uint64(i.MaxUnmapLBAs)
+	}
+	param := make([]byte, 8+16*maxDescs)
+	for lba < end {
+		nd, total := 0, uint64(0)
+		for lba < end && nd < maxDescs && total < maxLBAs {
+			cnt := min(end-lba, maxLBAs-total, 0xffffffff)
+			d := param[8+16*nd:]
+			binary.BigEndian.PutUint64(d, lba)
+			binary.BigEndian.PutUint32(d[8:], uint32(cnt))
+			binary.BigEndian.PutUint32(d[12:], 0)
+			lba += cnt
+			total += cnt
+			nd++
+		}
+		plen := 8 + 16*nd
+		binary.BigEndian.PutUint16(param[0:], uint16(plen-2))
+		binary.BigEndian.PutUint16(param[2:], uint16(16*nd))
+		binary.BigEndian.PutUint32(param[4:], 0)
+		var j job
+		l.single(&j, "UNMAP", dirOut, 10)
+		j.spec.cdb[0] = opUnmap
+		binary.BigEndian.PutUint16(j.spec.cdb[7:], uint16(plen))
+		j.spec.buf, j.spec.n = param[:plen], plen
+		if err := l.s.run(ctx, &j); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteZeroes makes [off, off+n) read as zeroes: WRITE SAME(16) with UNMAP when noUnmap is not
+// set and the LUN both supports it and reads unmapped blocks as zeroes (as Linux sd does),
+// WRITE SAME(16) of a zero block otherwise, and plain WRITE(16)s of zeroes for a LUN that
+// refuses WRITE SAME.
+func (l *LUN) WriteZeroes(ctx context.Context, off, n int64, noUnmap bool) error {
+	if err := l.check(off, n); err != nil {
+		return err
+	}
+	i := l.info.Load()
+	if i.ReadOnly {
+		return fmt.Errorf("initiator: LUN %d: %w", i.Number, ErrReadOnly)
+	}
+	if n == 0 {
+		return nil
+	}
+	if !l.noWSame.Load() {
+		unmap := !noUnmap && i.WriteSameUnmap && i.ZeroesAfterUnmap
+		err := l.writeSame(ctx, off, n, unmap)
+		if !errors.Is(err, ErrNotSupported) {
+			return err
+		}
+		l.noWSame.Store(true)
+		l.s.log.Info("WRITE SAME refused; writing zeroes with WRITE(16)", zap.Uint64("lun", i.Number))
+	}
+	var j job
+	l.rwJob(&j, "WRITE(16)", off, int(n))
+	j.write, j.zero = true, true
+	if int64(j.total) != n {
+		return fmt.Errorf("initiator: LUN %d: write zeroes of %d bytes: %w", i.Number, n, ErrRange)
+	}
+	return l.s.run(ctx, &j)
+}
+
+func (l *LUN) writeSame(ctx context.Context, off, n int64, unmap bool) error {
+	i := l.info.Load()
+	lba, end := uint64(off)>>l.bsShift, uint64(off+n)>>l.bsShift
+	maxBlocks := uint64(defaultMaxWriteSame)
+	if i.MaxWriteSame > 0 {
+		maxBlocks = min(i.MaxWriteSame, 0xffffffff)
+	}
+	for lba < end {
+		cnt := min(end-lba, maxBlocks)
+		var j job
+		l.single(&j, "WRITE SAME(16)", dirOut, 16)
+		j.spec.cdb[0] = opWriteSame16
+		if unmap {
+			j.spec.cdb[1] = 0x08
+		}
+		binary.BigEndian.PutUint64(j.spec.cdb[2:], lba)
+		binary.BigEndian.PutUint32(j.spec.cdb[10:], uint32(cnt))
+		j.spec.n, j.spec.zero, j.spec.lba = l.blockSize, true, lba
+		if err := l.s.run(ctx, &j); err != nil {
+			return err
+		}
+		lba += cnt
+	}
+	return nil
+}
+
+// Command sends a SCSI command to the LUN with at most one data direction: dataIn receives
+// data-in, dataOut is sent as data-out (pass nil for the unused one). It returns the bytes of
+// data-in received. UNIT ATTENTION, BUSY and transport failures are retried as for the block API;
+// other statuses come back as *SCSIError.
+func (l *LUN) Command(ctx context.Context, cdb []byte, dataIn, dataOut []byte) (int, error) {
+	i := l.info.Load()
+	return l.s.command(ctx, i.Number, i.Address, cdb, dataIn, dataOut)
+}
+
+// Reset sends LOGICAL UNIT RESET; commands to the LUN that were in flight are re-issued.
+func (l *LUN) Reset(ctx context.Context) error {
+	i := l.info.Load()
+	return l.s.resetLUN(i.Number, i.Address, nil, nil, 0)
+}
+
+func (l *LUN) single(j *job, op string, dir dataDir, cdbLen int) {
+	i := l.info.Load()
+	*j = job{lun: i.Number, lunAddr: i.Address, op: op}
+	j.spec = cmdSpec{op: op, lun: i.Number, lunAddr: i.Address, cdbLen: cdbLen, dir: dir}
+}
+
+// command runs one CDB (up to 16 bytes) with optional data.
+func (s *Session) command(ctx context.Context, lun uint64, addr srp.LUN, cdb []byte, dataIn, dataOut []byte) (int, error) {
+	if len(cdb) == 0 || len(cdb) > 16 {
+		return 0, fmt.Errorf("initiator: CDB of %d bytes: want 1..16", len(cdb))
+	}
+	if dataIn != nil && dataOut != nil {
+		return 0, errors.New("initiator: bidirectional commands are not supported")
+	}
+	j := job{lun: lun, lunAddr: addr, op: fmt.Sprintf("opcode 0x%02x", cdb[0])}
+	j.spec = cmdSpec{op: j.op, lun: lun, lunAddr: addr, cdbLen: len(cdb)}
+	copy(j.spec.cdb[:], cdb)
+	switch {
+	case len(dataIn) > 0:
+		j.spec.dir, j.spec.buf, j.spec.n = dirIn, dataIn, len(dataIn)
+	case len(dataOut) > 0:
+		j.spec.dir, j.spec.buf, j.spec.n = dirOut, dataOut, len(dataOut)
+	}
+	err := s.run(ctx, &j)
+	return j.xfer, err
+}
+
+// ---- discovery ----
+
+// Rescan runs discovery again: REPORT LUNS, then INQUIRY (standard, VPD 0x80, 0x83, 0xB0, 0xB2),
+// READ CAPACITY(16) and MODE SENSE for every direct-access logical unit. LUN objects of units
+// still present are kept (their information updated).
+func (s *Session) Rescan(ctx context.Context) error {
+	addrs, err := s.reportLUNs(ctx)
+	if err != nil {
+		return err
+	}
+	s.lunMu.RLock()
+	old := s.luns
+	s.lunMu.RUnlock()
+	var luns []*LUN
+	for _, a := range addrs {
+		info, err := s.probe(ctx, a)
+		if err != nil {
+			if errors.Is(err, errNotDisk) {
+				s.log.Info("skipping logical unit", zap.String("lun", scsi.LUNAddress(a).String()), zap.Error(err))
+				continue
+			}
+			return err
+		}
+		var l *LUN
+		for _, o := range old {
+			if o.info.Load().Address == a {
+				l = o
+				break
+			}
+		}
+		if l == nil {
+			l = &LUN{s: s}
+		}
+		l.info.Store(info)
+		l.blockSize = info.BlockSize
+		l.bsShift = uint(log2(info.BlockSize))
+		luns = append(luns, l)
+		s.log.Info("logical unit", zap.Uint64("lun", info.Number), zap.String("vendor", info.Vendor),
+			zap.String("product", info.Product), zap.String("id", info.IDString()), zap.Int("block_size", info.BlockSize),
+			zap.Uint64("blocks", info.Blocks), zap.Bool("read_only", info.ReadOnly), zap.Bool("unmap", info.UnmapSupported))
+	}
+	s.lunMu.Lock()
+	s.luns = luns
+	s.lunMu.Unlock()
+	return nil
+}
+
+var errNotDisk = errors.New("not a connected direct-access block device")
+
+func log2(n int) int {
+	k := 0
+	for 1<<k < n {
+		k++
+	}
+	return k
+}
+
+func lunNumber(a srp.LUN) uint64 {
+	if n, ok := scsi.LUNAddress(a).Number(); ok {
+		return uint64(n)
+	}
+	return binary.BigEndian.Uint64(a[:])
+}
+
+func (s *Session) reportLUNs(ctx context.Context) ([]srp.LUN, error) {
+	size := 8 + 8*64
+	for {
+		buf := make([]byte, size)
+		var cdb [12]byte
+		cdb[0] = opReportLUNs
+		binary.BigEndian.PutUint32(cdb[6:], uint32(size))
+		n, err := s.command(ctx, 0, srp.LUN{}, cdb[:], buf, nil)
+		if err != nil {
+			return nil, err
+		}
+		if n < 8 {
+			return nil, fmt.Errorf("initiator: REPORT LUNS returned %d bytes", n)
+		}
+		l := int(binary.BigEndian.Uint32(buf))
+		if 8+l > size && size < 8+8*16384 {
+			size = min(8+l, 8+8*16384)
+			continue
+		}
+		var out []srp.LUN
+		for off := 8; off+8 <= min(n, 8+l); off += 8 {
+			var a srp.LUN
+			copy(a[:], buf[off:])
+			out = append(out, a)
+		}
+		return out, nil
+	}
+}
+
+// probe learns what a logical unit is.
+func (s *Session) probe(ctx context.Context, a srp.LUN) (*LUNInfo, error) {
+	info := &LUNInfo{Number: lunNumber(a), Address: a}
+	cmd := func(cdb []byte, in []byte) (int, error) { return s.command(ctx, info.Number, a, cdb, in, nil) }
+	inq := make([]byte, 96)
+	n, err := cmd([]byte{opInquiry, 0, 0, 0, byte(len(inq)), 0}, inq)
+	if err != nil {
+		return nil, err
+	}
+	if n < 36 {
+		return nil, fmt.Errorf("initiator: LUN %d: INQUIRY returned %d bytes", info.Number, n)
+	}
+	if q, t := inq[0]>>5, inq[0]&0x1f; q != 0 || t != 0 {
+		return nil, fmt.Errorf("LUN %d: peripheral qualifier %d, device type %#x: %w", info.Number, q, t, errNotDisk)
+	}
+	trim := func(b []byte) string { return string(bytes.TrimRight(b, " \x00")) }
+	info.Vendor, info.Product, info.Revision = trim(inq[8:16]), trim(inq[16:32]), trim(inq[32:36])
+
+	vpd := func(page byte, size int) []byte {
+		b := make([]byte, size)
+		n, err := cmd([]byte{opInquiry, 1, page, byte(size >> 8), byte(size), 0}, b)
+		if err != nil || n < 4 || b[1] != page {
+			return nil
+		}
+		return b[:min(n, 4+int(binary.BigEndian.Uint16(b[2:])))]
+	}
+	supported := map[byte]bool{}
+	if p := vpd(0x00, 255); p != nil {
+		for _, c := range p[4:] {
+			supported[c] = true
+		}
+	}
+	if supported[0x80] {
+		if p := vpd(0x80, 255); p != nil {
+			info.Serial = trim(p[4:])
+		}
+	}
+	if supported[0x83] {
+		if p := vpd(0x83, 1024); p != nil {
+			info.ID, info.IDType = pickDesignator(p[4:])
+		}
+	}
+
+	// Capacity: READ CAPACITY(16), or (10) if the LUN does not know it.
+	rc := make([]byte, 32)
+	cdb := []byte{opServiceIn16, saReadCapacity16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0}
+	if n, err := cmd(cdb, rc); err == nil && n >= 14 {
+		info.Blocks = binary.BigEndian.Uint64(rc) + 1
+		info.BlockSize = int(binary.BigEndian.Uint32(rc[8:]))
+		info.PhysBlockExp = rc[13] & 0x0f
+		info.Provisioning = rc[14]&0x80 != 0
+		info.ZeroesAfterUnmap = rc[14]&0x40 != 0
+	} else {
+		if err != nil && !errors.Is(err, ErrIllegalRequest) {
+			return nil, err
+		}
+		rc10 := make([]byte, 8)
+		if _, err := cmd([]byte{opReadCapacity10, 0, 0, 0, 0, 0, 0, 0, 0, 0}, rc10); err != nil {
+			return nil, err
+		}
+		info.Blocks = uint64(binary.BigEndian.Uint32(rc10)) + 1
+		info.BlockSize = int(binary.BigEndian.Uint32(rc10[4:]))
+	}
+	if info.BlockSize < 512 || info.BlockSize > 65536 || info.BlockSize&(info.BlockSize-1) != 0 {
+		return nil, fmt.Errorf("LUN %d: block size %d: %w", info.Number, info.BlockSize, errNotDisk)
+	}
+
+	if supported[0xb0] {
+		if p := vpd(0xb0, 64); len(p) >= 16 {
+			info.MaxTransfer = binary.BigEndian.Uint32(p[8:])
+			info.OptimalTransfer = binary.BigEndian.Uint32(p[12:])
+			if len(p) >= 28 {
+				info.MaxUnmapLBAs = binary.BigEndian.Uint32(p[20:])
+				info.MaxUnmapDescs = binary.BigEndian.Uint32(p[24:])
+			}
+			if len(p) >= 44 {
+				info.MaxWriteSame = binary.BigEndian.Uint64(p[36:])
+			}
+		}
+	}
+	if info.Provisioning && supported[0xb2] {
+		if p := vpd(0xb2, 64); len(p) >= 6 {
+			info.UnmapSupported = p[5]&0x80 != 0
+			info.WriteSameUnmap = p[5]&0x40 != 0
+			info.ZeroesAfterUnmap = info.ZeroesAfterUnmap || p[5]&0x04 != 0
+		}
+	}
+	if info.UnmapSupported && info.MaxUnmapDescs == 0 {
+		info.UnmapSupported = false // SBC: a zero count means UNMAP is not supported
+	}
+
+	// Write protection: the WP bit of the mode parameter header (MODE SENSE(10), caching page).
+	ms := make([]byte, 64)
+	if n, err := cmd([]byte{opModeSense10, 0x08, 0x08, 0, 0, 0, 0, 0, byte(len(ms)), 0}, ms); err == nil && n >= 4 {
+		info.ReadOnly = ms[3]&0x80 != 0
+	} else if err != nil && !errors.Is(err, ErrIllegalRequest) {
+		return nil, err
+	}
+	return info, nil
+}
+
+// pickDesignator chooses the logical unit's designator from a VPD 0x83 descriptor list: NAA,
+// then EUI-64, then T10 vendor ID, then SCSI name string (association: logical unit).
+func pickDesignator(b []byte) ([]byte, string) {
+	best, bestRank := []byte(nil), 0
+	names := map[int]string{4: "naa", 3: "eui64", 2: "t10", 1: "name"}
+	for len(b) >= 4 {
+		l := int(b[3])
+		if 4+l > len(b) {
+			break
+		}
+		assoc := (b[1] >> 4) & 0x3
+		typ := b[1] & 0x0f
+		rank := 0
+		if assoc == 0 {
+			switch typ {
+			case 3:
+				rank = 4
+			case 2:
+				rank = 3
+			case 1:
+				rank = 2
+			case 8:
+				rank = 1
+			}
+		}
+		if rank > bestRank {
+			best, bestRank = append([]byte(nil), b[4:4+l]...), rank
+		}
+		b = b[4+l:]
+	}
+	return best, names[bestRank]
+}

@@ -1,0 +1,81 @@
+package initiator
+
+import (
+	"context"
+	"errors"
+
+	"github.com/srpd/srpd/initiator/nbd"
+)
+
+// NBDDevice adapts a LUN to the NBD server's Device interface, mapping the initiator's errors to
+// the NBD error values the client sees:
+//
+//   - ErrReadOnly (write protection, DATA PROTECT) → EPERM
+//   - ErrRange, ILLEGAL REQUEST → EINVAL; LBA OUT OF RANGE on a write → ENOSPC
+//   - ErrNoSpace (thin provisioning out of space) → ENOSPC
+//   - ErrNotSupported (INVALID COMMAND OPERATION CODE, no discard) → EINVAL (NBD reserves
+//     ENOTSUP for NBD_CMD_FLAG_FAST_ZERO)
+//   - ErrSessionLost, ErrClosed → ESHUTDOWN (the export's session is gone for good)
+//   - medium, hardware, reservation conflict, timeouts, ErrFastFail, ErrTransport and anything
+//     else → EIO
+func NBDDevice(l *LUN) nbd.Device { return nbdDevice{l} }
+
+type nbdDevice struct{ l *LUN }
+
+var _ nbd.Device = nbdDevice{}
+
+// NBDErrno returns the NBD error value for an error of the block API (0 for nil).
+func NBDErrno(err error, write bool) nbd.Errno {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, ErrSessionLost), errors.Is(err, ErrClosed):
+		return nbd.ESHUTDOWN
+	case errors.Is(err, ErrReadOnly):
+		return nbd.EPERM
+	case errors.Is(err, ErrNoSpace):
+		return nbd.ENOSPC
+	case errors.Is(err, ErrNotSupported):
+		return nbd.EINVAL
+	case errors.Is(err, ErrRange):
+		if write {
+			return nbd.ENOSPC
+		}
+		return nbd.EINVAL
+	case errors.Is(err, ErrIllegalRequest):
+		return nbd.EINVAL
+	case errors.Is(err, context.Canceled):
+		return nbd.ESHUTDOWN
+	}
+	return nbd.EIO
+}
+
+func mapErr(err error, write bool) error {
+	if err == nil {
+		return nil
+	}
+	return nbd.DeviceError(NBDErrno(err, write), err)
+}
+
+func (d nbdDevice) ReadAt(ctx context.Context, p []byte, off int64) error {
+	return mapErr(d.l.ReadAt(ctx, p, off), false)
+}
+
+func (d nbdDevice) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
+	return mapErr(d.l.WriteAt(ctx, p, off, fua), true)
+}
+
+func (d nbdDevice) Flush(ctx context.Context) error { return mapErr(d.l.Flush(ctx), false) }
+
+func (d nbdDevice) Discard(ctx context.Context, off, n int64) error {
+	return mapErr(d.l.Discard(ctx, off, n), true)
+}
+
+func (d nbdDevice) WriteZeroes(ctx context.Context, off, n int64, noUnmap bool) error {
+	return mapErr(d.l.WriteZeroes(ctx, off, n, noUnmap), true)
+}
+
+func (d nbdDevice) Size() int64      { return d.l.Size() }
+func (d nbdDevice) BlockSize() int   { return d.l.BlockSize() }
+func (d nbdDevice) ReadOnly() bool   { return d.l.ReadOnly() }
+func (d nbdDevice) CanDiscard() bool { return d.l.CanDiscard() }

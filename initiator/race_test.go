@@ -1,0 +1,5 @@
+//go:build race
+
+package initiator
+
+const raceEnabled = true

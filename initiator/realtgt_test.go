@@ -1,0 +1,225 @@
+package initiator
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/scsi/backend"
+	"github.com/srpd/srpd/srp"
+	"github.com/srpd/srpd/target"
+	"github.com/srpd/srpd/transport"
+	"github.com/srpd/srpd/transport/softroce"
+	"github.com/srpd/srpd/transport/softroce/link"
+)
+
+// realEnv runs the initiator against the srpd target (package target), its logins taken out of
+// band through Target.Login, the QPs connected directly (until softroce has a CM).
+type realEnv struct {
+	t    testing.TB
+	ini  *softroce.Device
+	luns []*scsi.LUN
+	lim  target.Limits
+	udp  bool
+
+	mu     sync.Mutex
+	tdev   *softroce.Device
+	tgt    *target.Target
+	tconns []*fakeConn
+	down   bool
+
+	dialer *testDialer
+}
+
+func newRealEnv(t testing.TB, udp bool, pc link.PipeConfig, lim target.Limits, nLUNs int, lunSize int64) *realEnv {
+	e := &realEnv{t: t, lim: lim, udp: udp}
+	for i := 0; i < nLUNs; i++ {
+		ram, err := backend.NewRAM(lunSize, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := scsi.NewLUN(scsi.LUNConfig{Serial: fmt.Sprintf("real-lun-%d", i)}, ram)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.luns = append(e.luns, l)
+	}
+	t.Cleanup(func() {
+		for _, l := range e.luns {
+			l.Close()
+		}
+	})
+	if udp {
+		la, err := link.ListenUDP(context.Background(), netip.MustParseAddrPort("127.0.0.1:0"), link.UDPOptions{})
+		if err != nil {
+			t.Skipf("UDP loopback unavailable: %v", err)
+		}
+		e.ini = openDev(t, la, "ini")
+	} else {
+		a, b := link.NewPipe(netip.MustParseAddr("10.0.1.1"), netip.MustParseAddr("10.0.1.2"), pc)
+		e.ini = openDev(t, a, "ini")
+		e.tdev = openDev(t, b, "tgt")
+	}
+	e.dialer = &testDialer{local: e.ini.Addrs()[0], accept: e.accept, timeout: 14}
+	e.start()
+	t.Cleanup(e.stop)
+	return e
+}
+
+// start creates the target (and, over UDP, a fresh target device on a new port).
+func (e *realEnv) start() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.udp {
+		lb, err := link.ListenUDP(context.Background(), netip.MustParseAddrPort("127.0.0.1:0"), link.UDPOptions{})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		e.tdev = openDev(e.t, lb, "tgt")
+	}
+	acl := &target.ACL{Name: "any"}
+	for i, l := range e.luns {
+		acl.LUNs = append(acl.LUNs, target.LUNMapping{Number: uint16(i), LUN: l})
+	}
+	tg, err := target.New(target.Config{Name: "real", PortID: testTargetPort, DefaultACL: acl, Limits: e.lim,
+		Logger: testLogger(e.t)})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.tgt, e.down = tg, false
+}
+
+// stop shuts the target down gracefully (SRP_T_LOGOUT and disconnect on every channel).
+func (e *realEnv) stop() {
+	e.mu.Lock()
+	tg := e.tgt
+	e.down = true
+	e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tg.Close(ctx); err != nil {
+		e.t.Errorf("target close: %v", err)
+	}
+}
+
+// crash kills the target process (UDP only): its device disappears without a word, then the
+// target object is shut down (its channels find their QPs gone).
+func (e *realEnv) crash() {
+	e.mu.Lock()
+	dev, tg := e.tdev, e.tgt
+	e.down = true
+	e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = dev.Close(ctx)
+	_ = tg.Close(ctx)
+}
+
+func (e *realEnv) accept(req acceptReq) (acceptRep, error) {
+	e.mu.Lock()
+	tg, dev, down := e.tgt, e.tdev, e.down
+	e.mu.Unlock()
+	var rep acceptRep
+	if down {
+		return rep, transport.ErrConnUnreachable
+	}
+	lr, err := target.ParseLoginReq(req.priv)
+	if err != nil {
+		return rep, rejectErr(srp.RejUnableEstablishChannel, 6, srp.Tag{})
+	}
+	pc, d, err := tg.Login(dev, lr, target.ConnInfo{Remote: req.addr, InitiatorDepth: req.rdRes, DepthKnown: true})
+	if !d.Accepted {
+		if err != nil {
+			e.t.Logf("target login: %v", err)
+		}
+		return rep, rejectErr(d.Rej.Reason, d.Rej.BufFmt, d.Rej.Tag)
+	}
+	tq := pc.QP()
+	psn := rand.Uint32N(1 << 24)
+	taddr := dev.Addrs()[0]
+	if err := bringUp(tq, taddr.Addr(), req.addr, req.qpn, req.psn, psn, 16, max(req.rdRes, 1), 14, 6); err != nil {
+		pc.Abort()
+		return rep, err
+	}
+	tconn := &fakeConn{qp: tq, events: make(chan transport.CMEvent, 4), local: taddr, remote: req.addr, peer: req.conn}
+	req.conn.peer = tconn
+	if _, err := pc.Establish(tconn); err != nil {
+		return rep, err
+	}
+	return acceptRep{addr: taddr, qpn: tq.QPN(), psn: psn, priv: append([]byte(nil), pc.LoginRsp()...)}, nil
+}
+
+func (e *realEnv) config() Config {
+	return Config{
+		Name:            e.t.Name(),
+		Device:          e.ini,
+		Dialer:          e.dialer,
+		TargetPortID:    testTargetPort,
+		InitiatorExt:    0x2,
+		QueueDepth:      32,
+		MaxIOSize:       256 << 10,
+		ReconnectDelay:  20 * time.Millisecond,
+		FastIOFailTmo:   30 * time.Second,
+		DevLossTmo:      60 * time.Second,
+		CommandTimeout:  10 * time.Second,
+		TaskMgmtTimeout: 2 * time.Second,
+		Logger:          testLogger(e.t),
+	}
+}
+
+func (e *realEnv) dial(cfg Config) *Session {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s, err := Dial(ctx, cfg)
+	if err != nil {
+		e.t.Fatalf("Dial: %v", err)
+	}
+	e.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Close(ctx)
+	})
+	return s
+}
+
+// TestRealTarget runs the random I/O workload against the srpd target: direct and indirect
+// descriptors, two channels, immediate data, in memory and over UDP.
+func TestRealTarget(t *testing.T) {
+	for _, sc := range []struct {
+		name  string
+		udp   bool
+		pipe  link.PipeConfig
+		setup func(*Config)
+	}{
+		{name: "mem"},
+		{name: "mem-indirect-2ch", setup: func(c *Config) { c.ChCount, c.MaxPagesPerMR, c.CmdSGEntries = 2, 4, 16 }},
+		{name: "udp-2ch", udp: true, setup: func(c *Config) { c.ChCount = 2 }},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			e := newRealEnv(t, sc.udp, sc.pipe, target.Limits{}, 2, 32<<20)
+			cfg := e.config()
+			cfg.QueueDepth = 64
+			if sc.setup != nil {
+				sc.setup(&cfg)
+			}
+			s := e.dial(cfg)
+			if n := len(s.LUNs()); n != 2 {
+				t.Fatalf("%d LUNs, want 2", n)
+			}
+			l := s.LUNs()[1]
+			m := newModel(int(l.Size())/l.BlockSize(), l.BlockSize())
+			ctx := ctxT(t, 5*time.Minute)
+			st := runWorkload(ctx, t, l, m, workloadOpts{ops: scaled(30), qds: []int{1, 16, 64}, maxSize: 1 << 20, mixed: true})
+			verifyAll(ctx, t, l, m)
+			ts := e.tgt.Stats()
+			t.Logf("%d reads, %d writes, %d other; session %+v; target %+v", st.reads.Load(), st.writes.Load(),
+				st.others.Load(), s.Stats(), ts)
+		})
+	}
+}

@@ -1,0 +1,162 @@
+package initiator
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/srpd/srpd/frpool"
+	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/srp"
+	"github.com/srpd/srpd/transport"
+)
+
+// Tags. The 8-byte SRP tag of a command is the big-endian u64
+//
+//	bit 63     0 (1 for task management)
+//	bits 62-32 generation of the request slot (incremented on every use)
+//	bits 31-16 channel index
+//	bits 15-0  slot index
+//
+// so that, like blk_mq_unique_tag, the channel and slot are found from the tag alone, and a late
+// response for an earlier use of the slot (after an abort, or a channel reset) is recognised as
+// stale by its generation. A task management tag has bit 63 set and a per-channel sequence
+// number in place of the generation.
+const (
+	tagTM      = uint64(1) << 63
+	tagGenMask = uint64(1)<<31 - 1
+)
+
+func makeTag(tm bool, gen uint32, ch, slot int) uint64 {
+	t := (uint64(gen)&tagGenMask)<<32 | uint64(ch&0xffff)<<16 | uint64(slot&0xffff)
+	if tm {
+		t |= tagTM
+	}
+	return t
+}
+
+func tagBytes(t uint64) (b srp.Tag) {
+	binary.BigEndian.PutUint64(b[:], t)
+	return b
+}
+
+// dataDir is the direction of a command's data transfer.
+type dataDir uint8
+
+const (
+	dirNone dataDir = iota
+	dirIn           // data-in: target to initiator (READ)
+	dirOut          // data-out: initiator to target (WRITE)
+)
+
+// outcome says how a request ended.
+type outcome uint8
+
+const (
+	outNone    outcome = iota
+	outRsp             // the target answered with SRP_RSP (status valid)
+	outFailed          // the channel failed (or the post failed) before an answer: re-issue
+	outAborted         // ABORT TASK succeeded: no answer will come
+	outReset           // a LOGICAL UNIT RESET (or a channel reset by error handling) ended it: re-issue
+)
+
+// reqState is the life of a request slot.
+type reqState uint8
+
+const (
+	reqIdle     reqState = iota // in the channel's free list, or held by a caller not yet started
+	reqInflight                 // started: outcome pending or known, maybe buffers not released
+)
+
+// cmdSpec describes one SCSI command as the block layer wants it sent.
+type cmdSpec struct {
+	op      string // for errors: "READ(16)", ...
+	lun     uint64
+	lunAddr srp.LUN
+	cdb     [16]byte
+	cdbLen  int
+	dir     dataDir
+	n       int    // data bytes
+	buf     []byte // caller's data: destination (in) or source (out); nil + zero for zeroes
+	zero    bool   // data-out is n zero bytes
+	lba     uint64 // for errors
+}
+
+// request is one slot of a channel's request table: its IU buffer, its registered data buffer,
+// its MR handles and the state of the command it carries. Everything is preallocated; nothing
+// in the hot path allocates.
+type request struct {
+	ch  *channel
+	idx int
+
+	iu     []byte // tx IU buffer (max IT IU length of the connection)
+	iuAddr uint64
+	data   []byte // data buffer (Config.MaxIOSize), registered per command through the MR pool
+	dAddr  uint64
+
+	spec cmdSpec
+
+	// Hot-path scratch.
+	cmdf  srp.CmdFields
+	descs []byte              // direct descriptors of an indirect data buffer (16 × max regs)
+	regs  []*frpool.Reg       // MR handles of the command (ours until given back)
+	rel   []bool              // regs[i] released by the pool (its buffer is ours again)
+	given []bool              // regs[i] given back to the pool (Invalidate)
+	nregs int                 // handles taken for the command
+	segs  [1]frpool.Seg       //
+	wr    [1]transport.SendWR //
+	sge   [1]transport.SGE    //
+	chain frpool.Chain        //
+	timer *time.Timer         // Config.CommandTimeout
+
+	// Completion state, guarded by ch.mu.
+	state     reqState
+	tag       uint64
+	gen       uint32
+	pending   int // registrations not yet released by the MR pool
+	ungiven   int // handles not yet given back to the MR pool
+	invQueued bool
+	out       outcome
+	signaled  bool
+	done      chan struct{} // receives one token per started command once it is over
+	started   time.Time
+
+	// Response, valid when out == outRsp.
+	status   uint8
+	rspFlags srp.RspFlags
+	diResid  uint32
+	doResid  uint32
+	senseLen int
+	sense    [scsi.MaxSenseLen]byte
+	imm      bool // sent with immediate data
+}
+
+// BufferReleased implements frpool.BufferOwner: one of the request's registrations is dead
+// (invalidated locally or remotely, or torn down after a QP error). The request completes when
+// the last one is.
+func (r *request) BufferReleased(reg *frpool.Reg, err error) {
+	c := r.ch
+	c.mu.Lock()
+	for i := 0; i < r.nregs; i++ {
+		if r.regs[i] == reg && !r.rel[i] {
+			r.rel[i] = true
+			r.pending--
+			break
+		}
+	}
+	c.finishLocked(r)
+	c.mu.Unlock()
+}
+
+// finishLocked signals the request's caller once the outcome is known, every buffer is back and
+// every MR handle has been given back to the pool.
+func (c *channel) finishLocked(r *request) {
+	if r.state != reqInflight || r.signaled || r.out == outNone || r.pending > 0 || r.ungiven > 0 {
+		return
+	}
+	r.signaled = true
+	c.inflight--
+	select {
+	case r.done <- struct{}{}:
+	default:
+	}
+}

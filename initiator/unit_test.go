@@ -1,0 +1,138 @@
+package initiator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/srpd/srpd/initiator/nbd"
+	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/srp"
+)
+
+var _ nbd.Device = (*LUN)(nil) // the block API is the NBD server's Device interface
+
+func TestTags(t *testing.T) {
+	tag := makeTag(false, 0x7fffffff, 3, 4095)
+	if tag&tagTM != 0 || tag>>16&0xffff != 3 || tag&0xffff != 4095 || (tag>>32)&tagGenMask != 0x7fffffff {
+		t.Errorf("tag %#x", tag)
+	}
+	if makeTag(false, 1<<31|5, 0, 0)>>32 != 5 {
+		t.Error("generation not masked to 31 bits")
+	}
+	if makeTag(true, 1, 2, 0xffff)&tagTM == 0 {
+		t.Error("TM bit")
+	}
+	b := tagBytes(0x0102030405060708)
+	if b != (srp.Tag{1, 2, 3, 4, 5, 6, 7, 8}) {
+		t.Errorf("tag bytes %v", b)
+	}
+}
+
+func TestSmallerIULen(t *testing.T) {
+	var got []uint32
+	for n := uint32(9000); n != 0; n = smallerIULen(n) {
+		got = append(got, n)
+	}
+	if fmt.Sprint(got) != "[9000 8260 4164 2116 1092 580 324 196 132 100 84 64]" {
+		t.Errorf("ladder %v", got)
+	}
+}
+
+func TestPickDesignator(t *testing.T) {
+	desc := func(assoc, typ byte, v string) []byte {
+		return append([]byte{0x01, assoc<<4 | typ, 0, byte(len(v))}, v...)
+	}
+	var page []byte
+	page = append(page, desc(0, 1, "VENDOR  PRODUCT 1")...) // T10 vendor ID
+	page = append(page, desc(1, 3, "PORTNAA!")...)          // NAA of the target port: ignored
+	page = append(page, desc(0, 2, "EUI64xxx")...)
+	id, typ := pickDesignator(page)
+	if typ != "eui64" || string(id) != "EUI64xxx" {
+		t.Errorf("got %s %q", typ, id)
+	}
+	page = append(page, desc(0, 3, "NAA16bytesNAA16b")...)
+	if id, typ = pickDesignator(page); typ != "naa" || string(id) != "NAA16bytesNAA16b" {
+		t.Errorf("got %s %q", typ, id)
+	}
+	if info := (LUNInfo{ID: id, IDType: typ}); !strings.HasPrefix(info.IDString(), "naa.4e41") {
+		t.Errorf("IDString %s", info.IDString())
+	}
+	if id, typ := pickDesignator([]byte{1, 2, 0, 9, 1}); id != nil || typ != "" {
+		t.Errorf("truncated page: %s %q", typ, id)
+	}
+}
+
+func TestErrorMapping(t *testing.T) {
+	cc := func(k scsi.SenseKey, asc, ascq uint8) error {
+		return &SCSIError{Op: "WRITE(16)", Status: scsi.StatusCheckCondition, Sense: scsi.Sense{Key: k, ASC: asc, ASCQ: ascq}}
+	}
+	for _, c := range []struct {
+		err   error
+		is    error
+		write bool
+		errno nbd.Errno
+	}{
+		{cc(scsi.MediumError, 0x11, 0), ErrMediumError, false, nbd.EIO},
+		{cc(scsi.HardwareError, 0x44, 0), ErrHardware, true, nbd.EIO},
+		{cc(scsi.DataProtect, 0x27, 0x00), ErrReadOnly, true, nbd.EPERM},
+		{cc(scsi.DataProtect, 0x27, 0x07), ErrNoSpace, true, nbd.ENOSPC},
+		{cc(scsi.IllegalRequest, 0x20, 0), ErrNotSupported, true, nbd.EINVAL},
+		{cc(scsi.IllegalRequest, 0x21, 0), ErrRange, true, nbd.ENOSPC},
+		{cc(scsi.IllegalRequest, 0x24, 0), ErrIllegalRequest, false, nbd.EINVAL},
+		{cc(scsi.NotReady, 0x04, 0x02), ErrNotReady, false, nbd.EIO},
+		{&SCSIError{Status: scsi.StatusReservationConflict}, ErrReservationConflict, true, nbd.EIO},
+		{&SCSIError{Status: scsi.StatusTaskSetFull}, ErrBusy, false, nbd.EIO},
+		{fmt.Errorf("x: %w", ErrFastFail), ErrFastFail, false, nbd.EIO},
+		{ErrSessionLost, ErrSessionLost, false, nbd.ESHUTDOWN},
+		{ErrClosed, ErrClosed, true, nbd.ESHUTDOWN},
+		{&timeoutError{op: "READ(16)", cause: context.DeadlineExceeded}, context.DeadlineExceeded, false, nbd.EIO},
+		{&timeoutError{op: "READ(16)", cause: context.Canceled}, ErrTimeout, false, nbd.ESHUTDOWN},
+		{&TaskMgmtError{Func: srp.TMLUNReset, Response: srp.TMFailed}, ErrTaskMgmt, false, nbd.EIO},
+		{&LoginRejectError{Reason: srp.RejITIULenTooLarge}, ErrLoginRejected, false, nbd.EIO},
+	} {
+		if !errors.Is(c.err, c.is) {
+			t.Errorf("%v: not %v", c.err, c.is)
+		}
+		if got := NBDErrno(c.err, c.write); got != c.errno {
+			t.Errorf("%v: errno %v, want %v", c.err, got, c.errno)
+		}
+		if got := nbd.ErrnoOf(mapErr(c.err, c.write)); got != c.errno {
+			t.Errorf("%v: through the adapter %v, want %v", c.err, got, c.errno)
+		}
+	}
+	if errors.Is(cc(scsi.MediumError, 0x11, 0), ErrReservationConflict) || errors.Is(&SCSIError{Status: scsi.StatusReservationConflict}, ErrMediumError) {
+		t.Error("categories overlap")
+	}
+	if NBDErrno(nil, false) != 0 || mapErr(nil, true) != nil {
+		t.Error("nil")
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	e := newMemEnv(t, pipeNone(), tgtConfig{})
+	c, err := Config{Device: e.ini, Dialer: e.dialer}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ReconnectDelay != DefaultReconnectDelay || c.FastIOFailTmo != DefaultFastIOFailTmo || c.DevLossTmo != DefaultDevLossTmo ||
+		c.QueueDepth != 64 || c.ChCount != 1 || c.ConnParam.ResponderResources != 4 || c.ConnParam.RetryCount != 6 ||
+		c.MaxReconnectDelay != 16*DefaultReconnectDelay || c.Logger == nil {
+		t.Errorf("defaults %+v", c)
+	}
+	for _, bad := range []Config{
+		{Device: e.ini},
+		{Dialer: e.dialer},
+		{Device: e.ini, Dialer: e.dialer, ChCount: 300},
+		{Device: e.ini, Dialer: e.dialer, MaxIOSize: 1000},
+		{Device: e.ini, Dialer: e.dialer, MaxITIULen: 10},
+		{Device: e.ini, Dialer: e.dialer, FastIOFailTmo: Off, DevLossTmo: 700e9},
+		{Device: e.ini, Dialer: e.dialer, MaxPagesPerMR: 1 << 20},
+	} {
+		if _, err := bad.withDefaults(); err == nil {
+			t.Errorf("accepted %+v", bad)
+		}
+	}
+}

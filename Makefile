@@ -49,14 +49,18 @@ demo:
 clean:
 	$(GO) clean -testcache
 
-# Interop with the Linux kernel: its ib_srp initiator (under QEMU, rdma_rxe) logs in to
-# cmd/srptarget and runs checksummed I/O (see $(INTEROP)/README.md). Needs root; not part of
-# `make test`. Extra settings go through the environment (SRP_INTEROP_FIO=1, ...).
+# Interop with the Linux kernel (Debian 6.1 under QEMU, rdma_rxe; see $(INTEROP)/README.md):
+# its ib_srp initiator logs in to cmd/srptarget and runs checksummed I/O, then cmd/srpinitiator
+# logs in to its ib_srpt and writes/reads ranges the kernel target hashes in its own RAM disk.
+# Needs root; not part of `make test`. Extra settings go through the environment
+# (SRP_INTEROP_FIO=1, SRP_INTEROP_GUEST_CPUS=2 SRP_INTEROP_LOGIN_OPTS=ch_count=2, ...).
 INTEROP ?= ../shared/interop
 
 .PHONY: interop
 interop:
 	mkdir -p bin
 	$(GO) build -o bin/srptarget ./cmd/srptarget
+	$(GO) build -o bin/srpinitiator ./cmd/srpinitiator
 	$(INTEROP)/srp-interop setup
 	$(INTEROP)/srp-interop kernel-initiator -- ./bin/srptarget
+	$(INTEROP)/srp-interop kernel-target -- ./bin/srpinitiator

@@ -40,9 +40,9 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/srpd/srpd/initiator"
+	"github.com/srpd/srpd/internal/logging"
 	"github.com/srpd/srpd/srp"
 	"github.com/srpd/srpd/transport/softroce"
 	"github.com/srpd/srpd/transport/softroce/link"
@@ -136,17 +136,6 @@ func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (opt
 	o.timeout = *timeout
 	o.verbose = *verbose
 	return o, nil
-}
-
-func newLogger(w io.Writer, verbose bool) *zap.Logger {
-	level := zapcore.InfoLevel
-	if verbose {
-		level = zapcore.DebugLevel
-	}
-	ec := zap.NewDevelopmentEncoderConfig()
-	ec.EncodeTime = zapcore.TimeEncoderOfLayout("15:04:05.000000")
-	core := zapcore.NewCore(zapcore.NewConsoleEncoder(ec), zapcore.Lock(zapcore.AddSync(w)), level)
-	return zap.New(core)
 }
 
 // extent is one write-and-verify range.
@@ -307,7 +296,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "srpinitiator: %v\n", err)
 		os.Exit(2)
 	}
-	log := newLogger(os.Stderr, o.verbose)
+	log := logging.Console(os.Stderr, o.verbose)
 	defer func() { _ = log.Sync() }()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

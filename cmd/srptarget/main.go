@@ -31,8 +31,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
+	"github.com/srpd/srpd/internal/logging"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/scsi/backend"
 	"github.com/srpd/srpd/srp"
@@ -120,17 +120,6 @@ func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (opt
 	o.blockSize = *blockSize
 	o.verbose = *verbose
 	return o, nil
-}
-
-func newLogger(w io.Writer, verbose bool) *zap.Logger {
-	level := zapcore.InfoLevel
-	if verbose {
-		level = zapcore.DebugLevel
-	}
-	ec := zap.NewDevelopmentEncoderConfig()
-	ec.EncodeTime = zapcore.TimeEncoderOfLayout("15:04:05.000000")
-	core := zapcore.NewCore(zapcore.NewConsoleEncoder(ec), zapcore.Lock(zapcore.AddSync(w)), level)
-	return zap.New(core)
 }
 
 // listening is what run reports once the UDP socket is bound and the CM listens.
@@ -244,7 +233,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "srptarget: %v\n", err)
 		os.Exit(2)
 	}
-	log := newLogger(os.Stderr, o.verbose)
+	log := logging.Console(os.Stderr, o.verbose)
 	defer func() { _ = log.Sync() }()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

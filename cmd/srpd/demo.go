@@ -2,346 +2,195 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/netip"
+	"sync"
 	"time"
 
+	"go.uber.org/zap"
+
+	"github.com/srpd/srpd/initiator"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/scsi/backend"
 	"github.com/srpd/srpd/srp"
-	"github.com/srpd/srpd/transport"
+	"github.com/srpd/srpd/target"
 	"github.com/srpd/srpd/transport/softroce"
 	"github.com/srpd/srpd/transport/softroce/link"
 )
 
-// The demo runs the whole data path of one SRP I/O on the embedded default transport, until the
-// target/ and initiator/ packages take over: two softroce devices on UDP loopback, a RAM-backed
-// LUN behind the "target" QP, and an "initiator" QP that sends SRP_CMD IUs whose data the target
-// moves by RDMA READ (writes) and RDMA WRITE (reads), answering with SRP_RSP. Every byte read
-// back is compared with what was written.
+// The demo runs the main job on the embedded default until the config-driven daemon is wired:
+// an SRP target (package target) with a RAM-backed LUN on one softroce device, and an SRP
+// initiator (package initiator) on another, both on UDP loopback. The initiator logs in over
+// softroce's RDMA CM, discovers the LUN and runs random writes and reads from several
+// goroutines; every byte read back is compared with what was written.
 
 type demoConfig struct {
-	addr    netip.Addr
-	lunSize int64
-	ios     int
-	maxIO   int
-	mtu     transport.MTU
+	addr     netip.Addr
+	lunSize  int64
+	ios      int
+	maxIO    int
+	channels int
+	workers  int
+	log      *zap.Logger
 }
 
-// demoEnd is one side: a device, its memory, one RC QP.
-type demoEnd struct {
-	dev      *softroce.Device
-	mem      transport.Memory
-	mr       transport.MR
-	qp       transport.QP
-	scq, rcq transport.CQ
-	psn      uint32
-}
+const demoCMPort = 5555
 
-const (
-	iuSize  = 512 // SRP_CMD / SRP_RSP buffers (no immediate data in the demo)
-	nRecv   = 4
-	recvOff = 0 // receive IU slots at the start of memory
-	sendOff = nRecv * iuSize
-	dataOff = 64 << 10 // data buffer after the IU area
-)
-
-func openEnd(ctx context.Context, addr netip.Addr, memSize int) (*demoEnd, error) {
+func openDevice(ctx context.Context, name string, addr netip.Addr, log *zap.Logger) (*softroce.Device, netip.AddrPort, error) {
 	lnk, err := link.ListenUDP(ctx, netip.AddrPortFrom(addr, 0), link.UDPOptions{})
 	if err != nil {
-		return nil, err
+		return nil, netip.AddrPort{}, err
 	}
-	dev, err := softroce.Open(softroce.Config{Link: lnk})
+	dev, err := softroce.Open(softroce.Config{Name: name, Link: lnk, Logger: log})
 	if err != nil {
-		lnk.Close()
-		return nil, err
+		_ = lnk.Close()
+		return nil, netip.AddrPort{}, err
 	}
-	e := &demoEnd{dev: dev, psn: rand.Uint32N(1 << 24)}
-	pd, err := dev.AllocPD()
-	if err != nil {
-		return e, err
-	}
-	if e.scq, err = dev.CreateCQ(64); err != nil {
-		return e, err
-	}
-	if e.rcq, err = dev.CreateCQ(64); err != nil {
-		return e, err
-	}
-	if e.mem, err = dev.AllocMemory(memSize); err != nil {
-		return e, err
-	}
-	acc := transport.AccessLocalWrite | transport.AccessRemoteRead | transport.AccessRemoteWrite
-	if e.mr, err = pd.RegMR(e.mem.Addr(), uint64(e.mem.Len()), acc); err != nil {
-		return e, err
-	}
-	e.qp, err = pd.CreateQP(transport.QPInitAttr{SendCQ: e.scq, RecvCQ: e.rcq,
-		Cap: transport.QPCap{MaxSendWR: 16, MaxRecvWR: nRecv, MaxSendSGE: 1, MaxRecvSGE: 1}})
-	return e, err
+	return dev, lnk.LocalAddrPort(), nil
 }
 
-// connectTo brings e's QP to RTS towards peer, exchanging QPN and PSN out of band as
-// ibv_rc_pingpong does (connection management over QP1 is the transport's next step).
-func (e *demoEnd) connectTo(peer *demoEnd, mtu transport.MTU) error {
-	local, remote := e.dev.Addrs()[0], peer.dev.Addrs()[0]
-	if err := e.qp.Modify(&transport.QPAttr{State: transport.QPSInit, Port: 1,
-		AccessFlags: transport.AccessRemoteRead | transport.AccessRemoteWrite},
-		transport.AttrState|transport.AttrPKeyIndex|transport.AttrPort|transport.AttrAccessFlags); err != nil {
-		return err
-	}
-	if err := e.qp.Modify(&transport.QPAttr{State: transport.QPSRTR, PathMTU: mtu, DestQPN: peer.qp.QPN(),
-		RQPSN: peer.psn, MaxDestRdAtomic: 4, MinRNRTimer: 1,
-		AV: transport.AddressVector{SrcAddr: local.Addr(), DstAddr: remote.Addr(), DstPort: remote.Port()}},
-		transport.AttrState|transport.AttrAV|transport.AttrPathMTU|transport.AttrDestQPN|transport.AttrRQPSN|
-			transport.AttrMaxDestRdAtomic|transport.AttrMinRNRTimer); err != nil {
-		return err
-	}
-	return e.qp.Modify(&transport.QPAttr{State: transport.QPSRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7,
-		SQPSN: e.psn, MaxRdAtomic: 4},
-		transport.AttrState|transport.AttrTimeout|transport.AttrRetryCnt|transport.AttrRNRRetry|
-			transport.AttrSQPSN|transport.AttrMaxQPRdAtomic)
-}
-
-func (e *demoEnd) sge(off, n int) transport.SGE {
-	return transport.SGE{Addr: e.mem.Addr() + uint64(off), Length: uint32(n), LKey: e.mr.LKey()}
-}
-
-func (e *demoEnd) postRecv(slot int) error {
-	return e.qp.PostRecv([]transport.RecvWR{{ID: uint64(slot), SGL: []transport.SGE{e.sge(recvOff+slot*iuSize, iuSize)}}})
-}
-
-func (e *demoEnd) close() {
-	if e == nil || e.dev == nil {
-		return
-	}
+func closeDevice(dev *softroce.Device) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	e.dev.Close(ctx)
-	if e.mem != nil {
-		e.mem.Free()
-	}
+	_ = dev.Close(ctx)
 }
 
-// wait returns the next completion of cq, failing on error status.
-func wait(ctx context.Context, cq transport.CQ) (transport.WC, error) {
-	var wc [1]transport.WC
-	for cq.Poll(wc[:]) == 0 {
-		if err := cq.Wait(ctx); err != nil {
-			return transport.WC{}, err
-		}
-	}
-	if wc[0].Status != transport.WCSuccess {
-		return wc[0], fmt.Errorf("completion of %v (wr %d): %v", wc[0].Opcode, wc[0].ID, wc[0].Status)
-	}
-	return wc[0], nil
-}
-
-// post posts one signaled WR and waits for its completion.
-func (e *demoEnd) post(ctx context.Context, wr transport.SendWR) error {
-	wr.Flags |= transport.SendSignaled
-	if err := e.qp.PostSend([]transport.SendWR{wr}); err != nil {
-		return err
-	}
-	_, err := wait(ctx, e.scq)
-	return err
-}
-
-// serveOne is the target side of one command: receive the SRP_CMD, move the data with RDMA,
-// execute it on the LUN, send the SRP_RSP.
-func serveOne(ctx context.Context, t *demoEnd, lun *scsi.LUN, nexus scsi.Nexus) error {
-	wc, err := wait(ctx, t.rcq)
-	if err != nil {
-		return err
-	}
-	slot := int(wc.ID)
-	iu := t.mem.Bytes()[recvOff+slot*iuSize : recvOff+slot*iuSize+int(wc.ByteLen)]
-	cmd, err := srp.ParseCmd(iu, 0)
-	if err != nil {
-		return fmt.Errorf("target: %w", err)
-	}
-	info, err := lun.ParseCDB(cmd.CDB())
-	if err != nil {
-		return fmt.Errorf("target: %w", err)
-	}
-	data := t.mem.Bytes()[dataOff : dataOff+int(info.Length)]
-	sc := scsi.Command{CDB: cmd.CDB(), Nexus: nexus}
-	var sense [scsi.MaxSenseLen]byte
-	sc.Sense = sense[:]
-	switch info.Dir {
-	case scsi.DirOut:
-		d := cmd.DataOut().Direct
-		if err := t.post(ctx, transport.SendWR{Opcode: transport.WRRDMARead, SGL: []transport.SGE{t.sge(dataOff, int(info.Length))},
-			RemoteAddr: d.VA, RKey: d.Key}); err != nil {
-			return fmt.Errorf("target: RDMA READ: %w", err)
-		}
-		sc.DataOut = data
-	case scsi.DirIn:
-		sc.DataIn = data
-	}
-	res := lun.Execute(ctx, &sc)
-	if info.Dir == scsi.DirIn && res.DataInLen > 0 {
-		d := cmd.DataIn().Direct
-		if err := t.post(ctx, transport.SendWR{Opcode: transport.WRRDMAWrite, SGL: []transport.SGE{t.sge(dataOff, res.DataInLen)},
-			RemoteAddr: d.VA, RKey: d.Key}); err != nil {
-			return fmt.Errorf("target: RDMA WRITE: %w", err)
-		}
-	}
-	if err := t.postRecv(slot); err != nil {
-		return err
-	}
-	rsp := t.mem.Bytes()[sendOff : sendOff+iuSize]
-	n, err := srp.Rsp(rsp).Encode(&srp.RspFields{ReqLimDelta: 1, Tag: cmd.Tag(), Status: uint8(res.Status),
-		Sense: sense[:res.SenseLen]}, iuSize)
-	if err != nil {
-		return err
-	}
-	return t.post(ctx, transport.SendWR{Opcode: transport.WRSend, SGL: []transport.SGE{t.sge(sendOff, n)}})
-}
-
-// issue is the initiator side of one command: send an SRP_CMD with a direct descriptor for the
-// data buffer at dataOff, wait for the SRP_RSP and check its status.
-func issue(ctx context.Context, ini *demoEnd, tag uint64, cdb []byte, write bool, n int) error {
-	desc := srp.DataBuf{Format: srp.DescDirect, Direct: srp.DirectDesc{VA: ini.mem.Addr() + dataOff, Key: ini.mr.RKey(), Len: uint32(n)}}
-	f := srp.CmdFields{CDB: cdb}
-	binary.BigEndian.PutUint64(f.Tag[:], tag)
-	if write {
-		f.DataOut = desc
-	} else {
-		f.DataIn = desc
-	}
-	iu := ini.mem.Bytes()[sendOff : sendOff+iuSize]
-	m, err := srp.Cmd(iu).Encode(&f)
-	if err != nil {
-		return err
-	}
-	if err := ini.post(ctx, transport.SendWR{Opcode: transport.WRSend, SGL: []transport.SGE{ini.sge(sendOff, m)}}); err != nil {
-		return fmt.Errorf("initiator: SEND: %w", err)
-	}
-	wc, err := wait(ctx, ini.rcq)
-	if err != nil {
-		return err
-	}
-	slot := int(wc.ID)
-	rsp, err := srp.ParseRsp(ini.mem.Bytes()[recvOff+slot*iuSize : recvOff+slot*iuSize+int(wc.ByteLen)])
-	if err != nil {
-		return fmt.Errorf("initiator: %w", err)
-	}
-	if err := ini.postRecv(slot); err != nil {
-		return err
-	}
-	if rsp.Tag() != f.Tag {
-		return fmt.Errorf("initiator: response tag %x, want %x", rsp.Tag(), f.Tag)
-	}
-	if st := scsi.Status(rsp.Status()); st != scsi.StatusGood {
-		return fmt.Errorf("initiator: SCSI status %v, sense %x", st, rsp.Sense())
-	}
-	return nil
-}
-
-func rw16(op byte, lba uint64, blocks uint32) []byte {
-	cdb := make([]byte, 16)
-	cdb[0] = op
-	binary.BigEndian.PutUint64(cdb[2:], lba)
-	binary.BigEndian.PutUint32(cdb[10:], blocks)
-	return cdb
-}
-
-func runDemo(ctx context.Context, out io.Writer, cfg demoConfig) error {
+func runDemo(ctx context.Context, out io.Writer, cfg demoConfig) (err error) {
 	const bs = 512
-	memSize := dataOff + cfg.maxIO
-	ini, err := openEnd(ctx, cfg.addr, memSize)
-	defer ini.close()
-	if err != nil {
-		return fmt.Errorf("initiator device: %w", err)
-	}
-	tgt, err := openEnd(ctx, cfg.addr, memSize)
-	defer tgt.close()
-	if err != nil {
-		return fmt.Errorf("target device: %w", err)
-	}
+	portID := srp.MakePortID(0x5352504400000001, 0x5352504400000001)
+
+	// Target side.
 	ram, err := backend.NewRAM(cfg.lunSize, false)
 	if err != nil {
 		return err
 	}
-	lun, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: bs, Serial: "srpd-demo-0"}, ram)
+	lun, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: bs, Product: "srpd demo RAM", Serial: "srpd-demo-0"}, ram)
 	if err != nil {
 		return err
 	}
 	defer lun.Close()
-	if err := ini.connectTo(tgt, cfg.mtu); err != nil {
-		return fmt.Errorf("connect: %w", err)
+	tgt, err := target.New(target.Config{
+		Name: "demo", PortID: portID, Logger: cfg.log.Named("target"),
+		DefaultACL: &target.ACL{Name: "any", LUNs: []target.LUNMapping{{Number: 0, LUN: lun}}},
+	})
+	if err != nil {
+		return err
 	}
-	if err := tgt.connectTo(ini, cfg.mtu); err != nil {
-		return fmt.Errorf("connect: %w", err)
+	tdev, taddr, err := openDevice(ctx, "demo-target", cfg.addr, cfg.log.Named("softroce-target"))
+	if err != nil {
+		return fmt.Errorf("target device: %w", err)
 	}
-	for i := range nRecv {
-		if err := ini.postRecv(i); err != nil {
-			return err
-		}
-		if err := tgt.postRecv(i); err != nil {
-			return err
-		}
+	defer closeDevice(tdev)
+	ln, err := tdev.Listen(taddr.Addr(), demoCMPort)
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(out, "softroce: initiator %v QPN %#x <-> target %v QPN %#x, path MTU %v\n",
-		ini.dev.Addrs()[0], ini.qp.QPN(), tgt.dev.Addrs()[0], tgt.qp.QPN(), cfg.mtu)
-	fmt.Fprintf(out, "LUN 0: RAM, %d MiB, %d-byte blocks, NAA %x\n", cfg.lunSize>>20, bs, lun.NAA())
-
-	nexus := scsi.Nexus{}
-	errc := make(chan error, 1)
-	tctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	defer ln.Close()
+	var wg sync.WaitGroup
+	wg.Add(1)
 	go func() {
-		for {
-			if err := serveOne(tctx, tgt, lun, nexus); err != nil {
-				errc <- err
-				return
-			}
+		defer wg.Done()
+		_ = tgt.Serve(context.Background(), ln, tdev) // ended by tgt.Close
+	}()
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tgt.Close(cctx)
+		wg.Wait()
+	}()
+
+	// Initiator side. Both devices use ephemeral UDP ports on one address, so the initiator's
+	// device is told where the target's RoCEv2 socket is (a softroce extension; the kernel
+	// always uses 4791).
+	idev, iaddr, err := openDevice(ctx, "demo-initiator", cfg.addr, cfg.log.Named("softroce-initiator"))
+	if err != nil {
+		return fmt.Errorf("initiator device: %w", err)
+	}
+	defer closeDevice(idev)
+	idev.SetPeerUDPPort(taddr.Addr(), taddr.Port())
+	remote := netip.AddrPortFrom(taddr.Addr(), demoCMPort)
+	sess, err := initiator.Dial(ctx, initiator.Config{
+		Name: "demo", Device: idev, Dialer: &initiator.CMDialer{CM: idev, Remote: remote},
+		LoginForm: initiator.LoginRDMACM, TargetPortID: portID, ChCount: cfg.channels,
+		Logger: cfg.log.Named("initiator"),
+	})
+	if err != nil {
+		return fmt.Errorf("login to %v: %w", remote, err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if cerr := sess.Close(cctx); cerr != nil && err == nil {
+			err = fmt.Errorf("logout: %w", cerr)
 		}
 	}()
-	// The first command on a new LUN reports POWER ON unit attention; clear it with TEST UNIT
-	// READY as a real initiator's scan does.
-	tur := make([]byte, 16)
-	_ = issue(ctx, ini, 0, tur, false, 0)
+	l := sess.LUN(0)
+	if l == nil {
+		return errors.New("the target reports no LUN 0")
+	}
+	info := l.Info()
+	fmt.Fprintf(out, "softroce: initiator %v -> target %v (RDMA CM port %d), %d channel(s)\n", iaddr, taddr, demoCMPort, cfg.channels)
+	fmt.Fprintf(out, "LUN 0: %s %s, %d MiB, %d-byte blocks, %s\n", info.Vendor, info.Product, l.Size()>>20, l.BlockSize(), info.IDString())
 
-	rng := rand.New(rand.NewPCG(1, 2))
-	blocks := uint64(cfg.lunSize / bs)
-	want := make([]byte, cfg.maxIO)
-	var moved int64
+	// Each worker owns a disjoint slice of the LUN so that its read-back check is exact.
+	region := l.Size() / int64(cfg.workers) / bs * bs
+	maxIO := min(int64(cfg.maxIO), region)
+	var moved [16]int64
+	errs := make(chan error, cfg.workers)
 	start := time.Now()
-	for i := range cfg.ios {
-		n := (1 + rng.IntN(cfg.maxIO/bs)) * bs
-		lba := rng.Uint64N(blocks - uint64(n/bs) + 1)
-		buf := ini.mem.Bytes()[dataOff : dataOff+n]
-		for j := range buf {
-			buf[j] = byte(rng.Uint32())
-		}
-		copy(want, buf)
-		if err := issue(ctx, ini, uint64(2*i+1), rw16(0x8a, lba, uint32(n/bs)), true, n); err != nil {
-			return fmt.Errorf("write %d (%d bytes at LBA %d): %w", i, n, lba, err)
-		}
-		clear(buf)
-		if err := issue(ctx, ini, uint64(2*i+2), rw16(0x88, lba, uint32(n/bs)), false, n); err != nil {
-			return fmt.Errorf("read %d (%d bytes at LBA %d): %w", i, n, lba, err)
-		}
-		for j := range n {
-			if buf[j] != want[j] {
-				return fmt.Errorf("read %d: byte %d of %d at LBA %d differs: %#x, wrote %#x", i, j, n, lba, buf[j], want[j])
+	for w := range cfg.workers {
+		go func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 42))
+			buf := make([]byte, maxIO)
+			got := make([]byte, maxIO)
+			for i := w; i < cfg.ios; i += cfg.workers {
+				n := (1 + rng.Int64N(maxIO/bs)) * bs
+				off := int64(w)*region + rng.Int64N((region-n)/bs+1)*bs
+				for j := range buf[:n] {
+					buf[j] = byte(rng.Uint32())
+				}
+				if err := l.WriteAt(ctx, buf[:n], off, false); err != nil {
+					errs <- fmt.Errorf("write %d bytes at %d: %w", n, off, err)
+					return
+				}
+				if err := l.ReadAt(ctx, got[:n], off); err != nil {
+					errs <- fmt.Errorf("read %d bytes at %d: %w", n, off, err)
+					return
+				}
+				for j := range got[:n] {
+					if got[j] != buf[j] {
+						errs <- fmt.Errorf("read back %d bytes at %d: byte %d is %#x, wrote %#x", n, off, j, got[j], buf[j])
+						return
+					}
+				}
+				moved[w] += 2 * n
 			}
+			errs <- nil
+		}()
+	}
+	for range cfg.workers {
+		if e := <-errs; e != nil && err == nil {
+			err = e
 		}
-		moved += 2 * int64(n)
+	}
+	if err != nil {
+		return err
+	}
+	if err := l.Flush(ctx); err != nil {
+		return fmt.Errorf("flush: %w", err)
 	}
 	el := time.Since(start)
-	select {
-	case err := <-errc:
-		return err
-	default:
+	var total int64
+	for _, m := range moved {
+		total += m
 	}
-	st := ini.dev.Stats()
-	fmt.Fprintf(out, "%d WRITE(16)+READ(16) pairs, 512 B..%d KiB, every byte verified: %.1f MiB moved in %v (%.0f MiB/s, %.0f commands/s)\n",
-		cfg.ios, cfg.maxIO>>10, float64(moved)/(1<<20), el.Round(time.Millisecond),
-		float64(moved)/(1<<20)/el.Seconds(), float64(2*cfg.ios)/el.Seconds())
+	fmt.Fprintf(out, "%d WRITE+READ pairs from %d workers, 512 B..%d KiB, every byte verified: %.1f MiB in %v (%.0f MiB/s, %.0f commands/s)\n",
+		cfg.ios, cfg.workers, maxIO>>10, float64(total)/(1<<20), el.Round(time.Millisecond),
+		float64(total)/(1<<20)/el.Seconds(), float64(2*cfg.ios)/el.Seconds())
+	st := idev.Stats()
 	fmt.Fprintf(out, "initiator device: %d packets sent, %d received, %d retransmits\n", st.TxPackets, st.RxPackets, st.Retransmits)
 	return nil
 }

@@ -6,11 +6,11 @@ import (
 	"testing"
 )
 
-// TestDemo runs the README's first command in-process (smaller): the whole data path over
-// softroce on UDP loopback with every byte verified, and checks the flag validation.
+// TestDemo runs the README's first command in-process (smaller): target and initiator
+// over softroce's RDMA CM on UDP loopback with every byte verified, and checks the flag validation.
 func TestDemo(t *testing.T) {
 	var out, errb bytes.Buffer
-	if rc := run([]string{"demo", "-ios", "20", "-max-io-kib", "256", "-lun-mib", "8", "-mtu", "1024", "-timeout", "60s"}, &out, &errb); rc != 0 {
+	if rc := run([]string{"demo", "-ios", "20", "-max-io-kib", "256", "-lun-mib", "8", "-channels", "2", "-workers", "3", "-timeout", "60s"}, &out, &errb); rc != 0 {
 		t.Fatalf("srpd demo: exit %d\nstdout:\n%s\nstderr:\n%s", rc, out.String(), errb.String())
 	}
 	if !strings.Contains(out.String(), "every byte verified") || !strings.HasSuffix(out.String(), "PASS\n") {
@@ -23,7 +23,8 @@ func TestDemoUsage(t *testing.T) {
 		nil,
 		{"-c", "/etc/srpd/srpd.yaml"},
 		{"demo", "-addr", "192.0.2.1"},
-		{"demo", "-mtu", "1500"},
+		{"demo", "-channels", "0"},
+		{"demo", "-workers", "17"},
 		{"demo", "-lun-mib", "1", "-max-io-kib", "4096"},
 		{"demo", "-nosuchflag"},
 	} {

@@ -1,7 +1,7 @@
 // Command srpd is the srpd daemon: SRP targets and initiator sessions over RoCEv2.
 //
 // Until the daemon proper lands (config-driven targets and sessions, control socket, systemd
-// integration), `srpd demo` runs the data path end to end on the embedded default transport.
+// integration), `srpd demo` runs an SRP target and initiator end to end on the embedded default transport.
 package main
 
 import (
@@ -15,7 +15,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/srpd/srpd/transport"
+	"go.uber.org/zap"
+
+	"github.com/srpd/srpd/internal/logging"
 )
 
 func main() {
@@ -34,13 +36,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	size := fs.Int64("lun-mib", 64, "size of the RAM-backed LUN in MiB")
 	ios := fs.Int("ios", 200, "number of WRITE+READ pairs")
 	maxIO := fs.Int("max-io-kib", 1024, "largest I/O in KiB")
-	mtu := fs.Int("mtu", 4096, "path MTU: 256, 512, 1024, 2048 or 4096")
+	channels := fs.Int("channels", 2, "SRP channels (RC QPs) of the session, 1..16")
+	workers := fs.Int("workers", 4, "concurrent I/O workers, 1..16")
+	verbose := fs.Bool("v", false, "log the target, initiator and softroce devices to stderr (debug)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "give up after this long")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
 	a, err := netip.ParseAddr(*addr)
-	m := transport.MTUFromBytes(*mtu)
 	switch {
 	case err != nil:
 		fmt.Fprintf(stderr, "srpd demo: -addr: %v\n", err)
@@ -48,8 +51,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case !a.IsLoopback():
 		fmt.Fprintf(stderr, "srpd demo: -addr %v: the demo runs on loopback only\n", a)
 		return 2
-	case m == 0 || m.Bytes() != *mtu:
-		fmt.Fprintf(stderr, "srpd demo: -mtu %d: not an IB MTU\n", *mtu)
+	case *channels < 1 || *channels > 16 || *workers < 1 || *workers > 16:
+		fmt.Fprintln(stderr, "srpd demo: -channels and -workers must be 1..16")
 		return 2
 	case *size < 1 || *ios < 1 || *maxIO < 1 || int64(*maxIO) > *size<<10:
 		fmt.Fprintln(stderr, "srpd demo: -lun-mib, -ios and -max-io-kib must be positive, and the I/O must fit the LUN")
@@ -59,7 +62,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	err = runDemo(ctx, stdout, demoConfig{addr: a, lunSize: *size << 20, ios: *ios, maxIO: *maxIO << 10, mtu: m})
+	log := zap.NewNop()
+	if *verbose {
+		log = logging.Console(stderr, true)
+	}
+	err = runDemo(ctx, stdout, demoConfig{addr: a, lunSize: *size << 20, ios: *ios, maxIO: *maxIO << 10,
+		channels: *channels, workers: *workers, log: log})
 	if err != nil {
 		fmt.Fprintf(stderr, "srpd demo: %v\n", err)
 		return 1

@@ -46,10 +46,16 @@ func TestTimeoutAbort(t *testing.T) {
 	s := e.dial(cfg)
 	l := s.LUNs()[0]
 	held := holdWrite(e.tgt, 1000)
-	w := bytes.Repeat([]byte{0xab}, 8192)
+	// The held write's data is in the model's format so that the workload below, which may read
+	// these blocks, knows what they hold.
+	m := newModel(int(l.Size())/512, 512)
+	w := make([]byte, 8192)
+	id := m.nextID.Add(1)
+	m.fill(w, id, 1000)
 	if err := l.WriteAt(ctxT(t, 10*time.Second), w, 1000*512, false); err != nil {
 		t.Fatal(err)
 	}
+	m.wrote(1000, len(w)/512, id, true)
 	if !held.Load() {
 		t.Fatal("nothing was held")
 	}
@@ -59,7 +65,6 @@ func TestTimeoutAbort(t *testing.T) {
 		t.Errorf("stats %+v, target aborts %d", st, e.tgt.aborts.Load())
 	}
 	// The credits are all back: a burst at full depth runs (and never exceeds them).
-	m := newModel(int(l.Size())/512, 512)
 	runWorkload(ctxT(t, time.Minute), t, l, m, workloadOpts{ops: 20, qds: []int{16}, maxSize: 64 << 10})
 	if v := e.tgt.violations.Load(); v != 0 {
 		t.Errorf("%d credit violations", v)

@@ -53,16 +53,11 @@ clean:
 
 # Interop with the Linux kernel (Debian 6.1 under QEMU, rdma_rxe; see $(INTEROP)/README.md):
 # its ib_srp initiator logs in to cmd/srptarget and runs checksummed I/O, then cmd/srpinitiator
-# logs in to its ib_srpt and writes/reads ranges the kernel target hashes in its own RAM disk.
-# Needs root; not part of `make test`. Extra settings go through the environment
+# logs in to its ib_srpt; both captures must decode in tshark with no malformed packet.
+# Needs root; .ci/run runs it after `make test`. Extra settings go through the environment
 # (SRP_INTEROP_FIO=1, SRP_INTEROP_GUEST_CPUS=2 SRP_INTEROP_LOGIN_OPTS=ch_count=2, ...).
 INTEROP ?= ../shared/interop
 
 .PHONY: interop
 interop:
-	mkdir -p bin
-	$(GO) build -o bin/srptarget ./cmd/srptarget
-	$(GO) build -o bin/srpinitiator ./cmd/srpinitiator
-	$(INTEROP)/srp-interop setup
-	$(INTEROP)/srp-interop kernel-initiator -- ./bin/srptarget
-	$(INTEROP)/srp-interop kernel-target -- ./bin/srpinitiator
+	INTEROP=$(INTEROP) GO=$(GO) ./scripts/interop.sh

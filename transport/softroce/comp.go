@@ -14,6 +14,7 @@ import (
 func (q *qp) resetRetry() {
 	q.comp.retryCnt = int(q.attr.RetryCnt)
 	q.comp.rnrRetry = int(q.attr.RNRRetry)
+	q.comp.startedRetry = false
 }
 
 // head returns the oldest uncompleted send WQE, or nil.
@@ -192,6 +193,14 @@ func (q *qp) checkAck(p wire.Packet, op wire.Opcode, psn wire.PSN, w *sendWQE, n
 				if psn.Sub(q.comp.psn) > 0 {
 					q.comp.psn = psn
 					q.req.waitWindow = false
+					// That is forward progress, so the retry budget starts over and this
+					// new gap gets its own go-back-N at once: retry_cnt is there to give up
+					// on a dead path, not to count losses. rxe resets only on a positive
+					// ACK, so a large WRITE whose every retransmission loses a packet
+					// somewhere exhausts retry_cnt although each round moved it on (1-2%
+					// loss with reordering did that within a few thousand 64 KiB WRITEs).
+					// Local requester policy only: nothing on the wire changes.
+					q.resetRetry()
 				}
 				q.errorRetry(false)
 			case wire.NakInvalidRequest:

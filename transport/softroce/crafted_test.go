@@ -475,6 +475,50 @@ func TestCraftedRetryExhaustion(t *testing.T) {
 	wantWC(t, waitWC(t, p.dut.scq, 5*time.Second), 4, transport.WCRetryExcErr, transport.WCSend)
 }
 
+// TestCraftedNAKProgressResetsRetry: a PSN sequence NAK that acknowledges new PSNs is progress:
+// it restores the retry budget and starts the go-back-N for its gap at once. With retry_cnt 1,
+// two such NAKs in a row used to end the WRITE in RETRY_EXC_ERR (rxe's rule: reset on ACK only).
+func TestCraftedNAKProgressResetsRetry(t *testing.T) {
+	p := newRawPeer(t, connOpts{timeout: 20, retry: 1, mtu: transport.MTU256}) // timeout ~4.3 s
+	sq := wire.PSN(p.dut.psn)
+	if err := p.dut.qp.PostSend([]transport.SendWR{{ID: 9, Opcode: transport.WRRDMAWrite, Flags: transport.SendSignaled,
+		SGL: []transport.SGE{p.dut.sge(0, 8*256)}, RemoteAddr: 0x10000, RKey: 0x1234}}); err != nil {
+		t.Fatal(err)
+	}
+	writeOps := func(from uint32) {
+		t.Helper()
+		for i := from; i < 8; i++ {
+			op := wire.RCRDMAWriteMiddle
+			switch i {
+			case 0:
+				op = wire.RCRDMAWriteFirst
+			case 7:
+				op = wire.RCRDMAWriteLast
+			}
+			p.expect(op, sq.Add(i))
+		}
+	}
+	nak := func(at uint32) {
+		p.send(wire.RCAcknowledge, sq.Add(at), false, nil, func(pk wire.Packet) {
+			pk.AETH().Encode(&wire.AETHFields{Syndrome: wire.NakPSNSequenceError.Syndrome(), MSN: 0})
+		})
+	}
+	writeOps(0)
+	nak(2) // PSNs 0-1 arrived: go back to 2
+	// The retransmission restarts in the middle of the message: rxe resends it as MIDDLE/LAST
+	// packets with the PSNs of the first transmission.
+	writeOps(2)
+	nak(5) // the retransmission got 2-4 through, then lost 5: progress again
+	writeOps(5)
+	p.send(wire.RCAcknowledge, sq.Add(7), false, nil, func(pk wire.Packet) {
+		pk.AETH().Encode(&wire.AETHFields{Syndrome: ackOK, MSN: 1})
+	})
+	wantWC(t, waitWC(t, p.dut.scq, 5*time.Second), 9, transport.WCSuccess, transport.WCRDMAWrite)
+	if s := p.dut.dev.Stats(); s.Retransmits != 6+3 || s.RetryExceeded != 0 || s.Timeouts != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
 // SQD: WRs posted while draining are queued, not started; back in RTS they go out.
 func TestCraftedSQD(t *testing.T) {
 	p := newRawPeer(t, connOpts{timeout: 20})

@@ -29,8 +29,11 @@ func BenchmarkLoopback(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run("RawUDP/"+fmtSize(size), func(b *testing.B) { benchRawUDP(b, size) })
 		b.Run("RawLink/"+fmtSize(size), func(b *testing.B) { benchRawLink(b, size) })
-		b.Run("Write/"+fmtSize(size), func(b *testing.B) { benchRDMA(b, size, transport.WRRDMAWrite) })
-		b.Run("Read/"+fmtSize(size), func(b *testing.B) { benchRDMA(b, size, transport.WRRDMARead) })
+		b.Run("Write/"+fmtSize(size), func(b *testing.B) { benchRDMA(b, size, transport.WRRDMAWrite, link.UDPOptions{}) })
+		b.Run("Read/"+fmtSize(size), func(b *testing.B) { benchRDMA(b, size, transport.WRRDMARead, link.UDPOptions{}) })
+		off := link.UDPOptions{GSO: true, GRO: true}
+		b.Run("WriteGSO/"+fmtSize(size), func(b *testing.B) { benchRDMA(b, size, transport.WRRDMAWrite, off) })
+		b.Run("ReadGSO/"+fmtSize(size), func(b *testing.B) { benchRDMA(b, size, transport.WRRDMARead, off) })
 	}
 }
 
@@ -38,15 +41,15 @@ func mbps(b *testing.B, bytes int64, d time.Duration) {
 	b.ReportMetric(float64(bytes)/d.Seconds()/1e6, "MB/s")
 }
 
-func benchRDMA(b *testing.B, size int, op transport.WROpcode) {
+func benchRDMA(b *testing.B, size int, op transport.WROpcode, lo link.UDPOptions) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ip := netip.MustParseAddr("127.0.0.1")
-	la, err := link.ListenUDP(ctx, netip.AddrPortFrom(ip, 0), link.UDPOptions{})
+	la, err := link.ListenUDP(ctx, netip.AddrPortFrom(ip, 0), lo)
 	if err != nil {
 		b.Skip(err)
 	}
-	lb, err := link.ListenUDP(ctx, netip.AddrPortFrom(ip, 0), link.UDPOptions{})
+	lb, err := link.ListenUDP(ctx, netip.AddrPortFrom(ip, 0), lo)
 	if err != nil {
 		la.Close()
 		b.Skip(err)

@@ -183,10 +183,10 @@ func TestUDPSteadyStateNoAllocs(t *testing.T) {
 		t.Skip("allocation counts are not meaningful under -race")
 	}
 	for _, tc := range []struct {
-		a   netip.Addr
-		gro bool
-	}{{lo4, false}, {lo6, false}, {lo4, true}} {
-		tx := listen(t, tc.a, UDPOptions{})
+		a        netip.Addr
+		gro, gso bool
+	}{{lo4, false, false}, {lo6, false, false}, {lo4, true, false}, {lo4, true, true}, {lo6, false, true}} {
+		tx := listen(t, tc.a, UDPOptions{GSO: tc.gso})
 		rx := listen(t, tc.a, UDPOptions{GRO: tc.gro})
 		pkts := benchPackets(&testing.B{}, rx.LocalAddrPort())
 		bufs := recvBufs(benchBatch)
@@ -204,7 +204,7 @@ func TestUDPSteadyStateNoAllocs(t *testing.T) {
 		}
 		run()
 		if a := testing.AllocsPerRun(50, run); a != 0 {
-			t.Errorf("%v gro=%v: %v allocations per batch", tc.a, tc.gro, a)
+			t.Errorf("%v gro=%v gso=%v: %v allocations per batch", tc.a, tc.gro, tc.gso, a)
 		}
 	}
 }

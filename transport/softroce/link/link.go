@@ -95,6 +95,8 @@ type Stats struct {
 	RxMalformedDrops   uint64 // dropped: too short/long, truncated, unparseable, bad addresses
 	RxQueueDrops       uint64 // dropped: receive queue full (MemLink) / socket overflow (UDP, SO_RXQ_OVFL)
 	TxErrors           uint64 // Send calls that failed (one per error returned)
+	TxGSOMessages      uint64 // UDP GSO super-packets sent (UDPOptions.GSO); their packets count in TxPackets
+	RxGROMessages      uint64 // coalesced datagrams received (UDPOptions.GRO) that held more than one packet
 }
 
 // Errors returned by Send.
@@ -112,6 +114,7 @@ var (
 type counters struct {
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	rxICRC, rxMalformed, rxQueue, txErrors atomic.Uint64
+	txGSO, rxGRO                           atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -120,6 +123,7 @@ func (c *counters) snapshot() Stats {
 		RxPackets: c.rxPackets.Load(), RxBytes: c.rxBytes.Load(),
 		RxICRCDrops: c.rxICRC.Load(), RxMalformedDrops: c.rxMalformed.Load(),
 		RxQueueDrops: c.rxQueue.Load(), TxErrors: c.txErrors.Load(),
+		TxGSOMessages: c.txGSO.Load(), RxGROMessages: c.rxGRO.Load(),
 	}
 }
 

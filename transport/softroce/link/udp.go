@@ -36,6 +36,16 @@ type UDPOptions struct {
 	// With GRO the link receives into its own 64 KiB buffers and copies each packet out (one
 	// copy); without it, recvmmsg writes straight into the caller's buffers.
 	GRO bool
+	// GSO sends runs of consecutive packets to the same loopback destination as one UDP GSO
+	// super-packet (UDP_SEGMENT, Linux >= 4.18): one trip through the stack instead of one per
+	// packet. Only for loopback destinations (127.0.0.0/8, ::1), whose receivers are processes
+	// on this host: on lo the super-packet reaches a UDP_GRO socket whole (Recv splits it) and
+	// is segmented in software for any other socket. Each segment is an ordinary RoCEv2
+	// packet with its own ICRC computed for IPv4 Identification 0; software segmentation may
+	// number the segments' IDs, which the ICRC covers, so a receiver must recover the ID as
+	// this link does (rxe on lo does not exist). A capture on lo shows the unsegmented
+	// super-packets, so leave GSO off where tshark is to read lo.
+	GSO bool
 }
 
 // UDP is a Link over a UDP socket (RoCEv2 on the host's IP stack). See ListenUDP.
@@ -75,6 +85,7 @@ type UDP struct {
 	wild  bool // bound to the unspecified address
 	batch int
 	gro   bool
+	gso   bool // UDPOptions.GSO and the kernel has UDP_SEGMENT; cleared if a send is refused
 	ctr   counters
 
 	closed atomic.Bool
@@ -94,14 +105,20 @@ type UDP struct {
 	sendMu sync.Mutex
 	tx     mmsgState
 	txFn   func(fd uintptr) bool
-	txOff  int
-	txN    int
+	txOff  int   // messages sent
+	txN    int   // messages prepared
+	txPkts []int // txPkts[m]: packets in messages [0, m)
+	txGSO  bool  // a prepared message is a GSO super-packet
 	txErr  error
 }
 
 const (
-	ctrlLen     = 128
-	groBufLen   = 65536
+	ctrlLen   = 128
+	groBufLen = 65536
+	// gsoMaxSegs is the most segments per super-packet (UDP_MAX_SEGMENTS is 64 before Linux
+	// 6.1's 128 — torvalds/linux:include/linux/udp.h) and gsoMaxBytes the most UDP payload.
+	gsoMaxSegs  = 64
+	gsoMaxBytes = 65507
 	defaultTTL  = 64
 	defaultSock = 4 << 20
 )
@@ -179,9 +196,18 @@ func ListenUDP(ctx context.Context, addr netip.AddrPort, opts UDPOptions) (*UDP,
 	}
 	local := conn.LocalAddr().(*net.UDPAddr).AddrPort()
 	local = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
+	gso := opts.GSO
+	if gso {
+		// UDP_SEGMENT is readable where the kernel supports it (0 = no default segment size).
+		_ = rc.Control(func(fd uintptr) {
+			if _, err := unix.GetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT); err != nil {
+				gso = false
+			}
+		})
+	}
 	u := &UDP{
-		conn: conn, rc: rc, local: local, is4: is4, wild: a.IsUnspecified(), batch: batch, gro: gro,
-		rx: newMmsgState(batch), tx: newMmsgState(batch),
+		conn: conn, rc: rc, local: local, is4: is4, wild: a.IsUnspecified(), batch: batch, gro: gro, gso: gso,
+		rx: newMmsgState(batch), tx: newMmsgState(batch), txPkts: make([]int, batch+1),
 	}
 	if gro {
 		u.groBufs = make([][]byte, batch)
@@ -241,6 +267,13 @@ func (u *UDP) BatchSize() int { return u.batch }
 // GRO reports whether UDP_GRO is in use.
 func (u *UDP) GRO() bool { return u.gro }
 
+// GSO reports whether UDP GSO is in use for loopback destinations.
+func (u *UDP) GSO() bool {
+	u.sendMu.Lock()
+	defer u.sendMu.Unlock()
+	return u.gso
+}
+
 // Stats returns a snapshot of the counters.
 func (u *UDP) Stats() Stats { return u.ctr.snapshot() }
 
@@ -292,17 +325,31 @@ func (u *UDP) Send(pkts []Packet) (int, error) {
 	defer u.sendMu.Unlock()
 	sent := 0
 	for sent < len(pkts) {
-		n, err := u.prepareSend(pkts[sent:])
-		if n > 0 {
-			u.txOff, u.txN, u.txErr = 0, n, nil
+		nm, err := u.prepareSend(pkts[sent:])
+		if nm > 0 {
+			u.txOff, u.txN, u.txErr = 0, nm, nil
 			if werr := u.rc.Write(u.txFn); werr != nil && u.txErr == nil {
 				u.txErr = werr
 			}
-			for i := 0; i < u.txOff; i++ {
+			done := u.txPkts[u.txOff]
+			if u.txGSO {
+				for m := 0; m < u.txOff; m++ {
+					if u.txPkts[m+1]-u.txPkts[m] > 1 {
+						u.ctr.txGSO.Add(1)
+					}
+				}
+			}
+			for i := 0; i < done; i++ {
 				u.ctr.txBytes.Add(uint64(len(pkts[sent+i].Buf)))
 			}
-			u.ctr.txPackets.Add(uint64(u.txOff))
-			sent += u.txOff
+			u.ctr.txPackets.Add(uint64(done))
+			sent += done
+			if u.txErr != nil && u.txGSO && !u.closed.Load() &&
+				(errors.Is(u.txErr, unix.EIO) || errors.Is(u.txErr, unix.EINVAL) || errors.Is(u.txErr, unix.EOPNOTSUPP)) {
+				// The kernel refused a super-packet (no GSO on this path): go on without.
+				u.gso = false
+				continue
+			}
 			if u.txErr != nil {
 				u.ctr.txErrors.Add(1)
 				if u.closed.Load() {
@@ -319,14 +366,30 @@ func (u *UDP) Send(pkts []Packet) (int, error) {
 	return sent, nil
 }
 
-// prepareSend fills the tx mmsghdrs for up to batch packets; it stops before the first invalid
-// packet and returns its error after the valid ones.
+// prepareSend fills the tx mmsghdrs for up to batch packets and returns the number of
+// messages (u.txPkts maps them to packets); it stops before the first invalid packet and
+// returns its error after the valid ones. With GSO, consecutive packets to the same loopback
+// destination, source and traffic class share one message when every one but the last has the
+// size of the first.
 func (u *UDP) prepareSend(pkts []Packet) (int, error) {
 	n := min(len(pkts), u.batch)
-	for i := 0; i < n; i++ {
+	nmsg := 0
+	u.txPkts[0] = 0
+	u.txGSO = false
+	var err error
+	// The message being built: its first packet, segment size, bytes, and whether it can
+	// still take more.
+	var (
+		first, seg, bytes int
+		open              bool
+		msrc              netip.Addr
+	)
+	i := 0
+	for ; i < n; i++ {
 		p := &pkts[i]
 		if len(p.Buf) < MinPacket || len(p.Buf) > MaxPacket {
-			return i, ErrPacketSize
+			err = ErrPacketSize
+			break
 		}
 		src, ok := u.srcFor(p)
 		dst := p.Dst.Addr()
@@ -334,13 +397,40 @@ func (u *UDP) prepareSend(pkts []Packet) (int, error) {
 			dst = dst.Unmap()
 		}
 		if !ok || !dst.IsValid() || dst.Is4() != u.is4 || p.Dst.Port() == 0 {
-			return i, ErrAddress
+			err = ErrAddress
+			break
 		}
 		e := wire.Encap{Src: netip.AddrPortFrom(src, u.local.Port()), Dst: netip.AddrPortFrom(dst, p.Dst.Port())}
 		e.PutICRC(p.Buf)
 
-		h := &u.tx.msgs[i].Hdr
-		nm := &u.tx.names[i]
+		if open {
+			fp := &pkts[first]
+			k := i - first
+			if fp.Dst == p.Dst && msrc == src && fp.TrafficClass == p.TrafficClass &&
+				len(p.Buf) <= seg && len(pkts[i-1].Buf) == seg && k < gsoMaxSegs && bytes+len(p.Buf) <= gsoMaxBytes {
+				// Append p to the message as one more segment.
+				bytes += len(p.Buf)
+				u.tx.iovs[i].Base = &p.Buf[0]
+				u.tx.iovs[i].SetLen(len(p.Buf))
+				h := &u.tx.msgs[nmsg-1].Hdr
+				h.SetIovlen(k + 1)
+				u.txPkts[nmsg] = i + 1
+				if k == 1 {
+					u.addSegment(nmsg-1, seg)
+				}
+				continue
+			}
+		}
+		first, seg, bytes, msrc = i, len(p.Buf), len(p.Buf), src
+		open = u.gso && dst.IsLoopback()
+
+		m := nmsg
+		nmsg++
+		u.txPkts[nmsg] = i + 1
+		h := &u.tx.msgs[m].Hdr
+		h.Iov = &u.tx.iovs[i]
+		h.SetIovlen(1)
+		nm := &u.tx.names[m]
 		*nm = unix.RawSockaddrInet6{}
 		if u.is4 {
 			sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(nm))
@@ -360,7 +450,7 @@ func (u *UDP) prepareSend(pkts []Packet) (int, error) {
 		u.tx.iovs[i].Base = &p.Buf[0]
 		u.tx.iovs[i].SetLen(len(p.Buf))
 		// Control: source address (when not the bound one) and traffic class (when not 0).
-		c := u.tx.ctrl[i][:]
+		c := u.tx.ctrl[m][:]
 		off := 0
 		if u.wild || src != u.local.Addr() {
 			if u.is4 {
@@ -385,13 +475,26 @@ func (u *UDP) prepareSend(pkts []Packet) (int, error) {
 			}
 		}
 		if off > 0 {
-			h.Control = &u.tx.ctrl[i][0]
+			h.Control = &u.tx.ctrl[m][0]
 		} else {
 			h.Control = nil
 		}
 		h.SetControllen(off)
 	}
-	return n, nil
+	return nmsg, err
+}
+
+// addSegment turns tx message m into a GSO super-packet of seg-byte segments (UDP_SEGMENT cmsg
+// after the ones it has).
+func (u *UDP) addSegment(m, seg int) {
+	h := &u.tx.msgs[m].Hdr
+	off := int(h.Controllen)
+	var v [2]byte
+	binary.NativeEndian.PutUint16(v[:], uint16(seg))
+	off += putCmsg(u.tx.ctrl[m][off:], unix.IPPROTO_UDP, unix.UDP_SEGMENT, v[:])
+	h.Control = &u.tx.ctrl[m][0]
+	h.SetControllen(off)
+	u.txGSO = true
 }
 
 func zoneIndex(zone string) uint32 {
@@ -540,6 +643,9 @@ func (u *UDP) drainGRO(pkts []Packet) int {
 		seg := total
 		if gso > 0 {
 			seg = gso
+		}
+		if u.groOff == 0 && seg < total {
+			u.ctr.rxGRO.Add(1)
 		}
 		if u.groOff >= total {
 			u.groMsg, u.groOff = u.groMsg+1, 0

@@ -14,6 +14,7 @@ type UDPOptions struct {
 	TTL          int
 	SocketBuffer int
 	GRO          bool
+	GSO          bool
 }
 
 // UDP is the UDP link; it is implemented on Linux only.

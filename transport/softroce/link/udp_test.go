@@ -477,3 +477,84 @@ func TestUDPGROSplit(t *testing.T) {
 		t.Fatalf("%+v", st)
 	}
 }
+
+// TestUDPGSO: a GSO link sends runs of same-size packets to one loopback destination as
+// super-packets; receivers with and without GRO get every packet, in order, intact, with its
+// addresses and traffic class. Runs break where the destination, the traffic class or the size
+// changes (a shorter packet ends a run).
+func TestUDPGSO(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		addr netip.Addr
+		gro  bool
+	}{{"v4", lo4, false}, {"v4-gro", lo4, true}, {"v6", lo6, false}, {"v6-gro", lo6, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := listen(t, tc.addr, UDPOptions{GSO: true})
+			if !a.GSO() {
+				t.Skip("kernel without UDP_SEGMENT")
+			}
+			b := listen(t, tc.addr, UDPOptions{GRO: tc.gro})
+			c := listen(t, tc.addr, UDPOptions{GRO: tc.gro})
+			var toB, toC, all []Packet
+			psn := uint32(0)
+			add := func(dst *UDP, n, payload int, tcls uint8) {
+				for range n {
+					p := mkSend(t, dst.LocalAddrPort(), psn, payload)
+					p.TrafficClass = tcls
+					psn++
+					all = append(all, p)
+					if dst == b {
+						toB = append(toB, p)
+					} else {
+						toC = append(toC, p)
+					}
+				}
+			}
+			add(b, 20, 4096, 0) // one run (more than one batch of 32 with what follows)
+			add(b, 1, 100, 0)   // a shorter last segment joins it
+			add(b, 3, 1024, 0)  // a new run: the previous one ended with a shorter packet
+			add(b, 3, 1024, 8)  // traffic class changes
+			add(c, 5, 1024, 0)  // destination changes
+			for i := range 6 {  // alternating destinations: no runs
+				if i%2 == 0 {
+					add(b, 1, 512, 0)
+				} else {
+					add(c, 1, 512, 0)
+				}
+			}
+			add(b, 70, 2048, 0) // longer than gsoMaxSegs-sized and byte-limited runs
+			if n, err := a.Send(all); n != len(all) || err != nil {
+				t.Fatal(n, err)
+			}
+			check := func(rx *UDP, want []Packet) {
+				t.Helper()
+				got := recvN(t, rx, len(want), 10*time.Second)
+				for i, p := range got {
+					if string(p.Buf) != string(want[i].Buf) {
+						t.Fatalf("packet %d differs (psn %d, want %d)", i, wire.BTH(p.Buf).PSN(), wire.BTH(want[i].Buf).PSN())
+					}
+					if p.Src != a.LocalAddrPort() || p.Dst != rx.LocalAddrPort() || p.TrafficClass != want[i].TrafficClass {
+						t.Fatalf("packet %d: %v -> %v tc %d", i, p.Src, p.Dst, p.TrafficClass)
+					}
+				}
+				if st := rx.Stats(); st.RxICRCDrops != 0 || st.RxMalformedDrops != 0 {
+					t.Fatalf("receiver %+v", st)
+				}
+				if tc.gro && rx == b && rx.Stats().RxGROMessages == 0 {
+					t.Errorf("GRO receiver saw no coalesced datagram: %+v", rx.Stats())
+				}
+			}
+			check(b, toB)
+			check(c, toC)
+			st := a.Stats()
+			if st.TxPackets != uint64(len(all)) || st.TxGSOMessages == 0 || st.TxErrors != 0 {
+				t.Fatalf("sender %+v", st)
+			}
+			// 20+1 | 3 | 3 | 5 | 6 singles | 70 in runs of at most 31 (64 KiB / 2,092 bytes):
+			// far fewer messages than packets.
+			if st.TxGSOMessages > 10 {
+				t.Errorf("%d super-packets for %d packets", st.TxGSOMessages, len(all))
+			}
+		})
+	}
+}

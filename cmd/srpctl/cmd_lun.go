@@ -11,6 +11,11 @@ import (
 	"github.com/srpd/srpd/internal/ctlapi"
 )
 
+// restartNote explains what a LUN or ACL change does to the target's sessions.
+const restartNote = `The target restarts with the new LUNs and ACLs: initiators logged in to it are logged
+out (SRP_T_LOGOUT) and log in again (Linux ib_srp and srpd's own sessions reconnect after
+reconnect_delay). Other targets are not touched.`
+
 func parseLUN(s string) (int, error) {
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 || n > config.MaxLUNID {
@@ -67,6 +72,7 @@ func newLUNAddCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "add TARGET LUN --backend ram|file|blockdev [flags]",
 		Short: "Add a LUN to a target",
+		Long:  "Add a LUN to a target.\n\n" + restartNote,
 		Example: `  srpctl lun add demo 1 --backend ram --size 1GiB
   srpctl lun add demo 2 --backend file --path /var/lib/srpd/d2.img --create --size 64GiB --block-size 4096
   srpctl lun add demo 3 --backend blockdev --path /dev/disk/by-id/wwn-0x5000c500a1b2c3d4 --direct --persist`,
@@ -122,6 +128,7 @@ func newLUNRemoveCmd(a *app) *cobra.Command {
 		Use:     "remove TARGET LUN",
 		Aliases: []string{"rm"},
 		Short:   "Remove a LUN from a target",
+		Long:    "Remove a LUN from a target. A LUN that an ACL lists must be removed from the ACL first.\n\n" + restartNote,
 		Args:    args(2),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			id, err := parseLUN(argv[1])
@@ -191,6 +198,12 @@ func newACLAddCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "add TARGET INITIATOR [--luns 0,1] [--read-only]",
 		Short: `Allow an initiator (port ID, or "*" for any other) to log in to a target`,
+		Long: `Allow an initiator to log in to a target. INITIATOR is the initiator port ID (32 hex
+digits: initiator_ext, then the GUID of the initiator's port; srpd's own sessions use the low
+64 bits of their transport's GID 0, e.g. 0000ffff7f000001 for 127.0.0.1), or "*" for every
+initiator no other ACL names.
+
+` + restartNote,
 		Example: `  srpctl acl add demo 0x00000000000000005054000000000001 --luns 0,1
   srpctl acl add demo '*' --read-only`,
 		Args: args(2),
@@ -222,6 +235,7 @@ func newACLRemoveCmd(a *app) *cobra.Command {
 		Use:     "remove TARGET INITIATOR",
 		Aliases: []string{"rm"},
 		Short:   "Remove an initiator's ACL",
+		Long:    "Remove an initiator's ACL.\n\n" + restartNote,
 		Args:    args(2),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			ini, err := parseInitiator(argv[1])

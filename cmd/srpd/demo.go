@@ -40,7 +40,7 @@ type demoConfig struct {
 const demoCMPort = 5555
 
 func openDevice(ctx context.Context, name string, addr netip.Addr, log *zap.Logger) (*softroce.Device, netip.AddrPort, error) {
-	lnk, err := link.ListenUDP(ctx, netip.AddrPortFrom(addr, 0), link.UDPOptions{})
+	lnk, err := link.ListenUDP(ctx, netip.AddrPortFrom(addr, 0), link.UDPOptions{GRO: true, GSO: true})
 	if err != nil {
 		return nil, netip.AddrPort{}, err
 	}

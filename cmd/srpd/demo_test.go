@@ -21,7 +21,9 @@ func TestDemo(t *testing.T) {
 func TestDemoUsage(t *testing.T) {
 	for _, args := range [][]string{
 		nil,
-		{"-c", "/etc/srpd/srpd.yaml"},
+		{"-c"},
+		{"--log-format", "xml", "-c", "x.yaml"},
+		{"-c", "x.yaml", "extra"},
 		{"demo", "-addr", "192.0.2.1"},
 		{"demo", "-channels", "0"},
 		{"demo", "-workers", "17"},

@@ -1,7 +1,13 @@
 // Command srpd is the srpd daemon: SRP targets and initiator sessions over RoCEv2.
 //
-// Until the daemon proper lands (config-driven targets and sessions, control socket, systemd
-// integration), `srpd demo` runs an SRP target and initiator end to end on the embedded default transport.
+//	srpd -c /etc/srpd/srpd.yaml [--log-format auto|json|console] [--log-level LEVEL]
+//	srpd -c FILE --check        # validate the file and exit
+//	srpd demo [flags]           # target and initiator in one process over softroce, verified I/O
+//
+// The daemon (internal/daemon) runs the targets and initiator sessions of its configuration,
+// serves the control API for srpctl on a unix socket, speaks systemd's notify protocol
+// (READY=1, RELOADING=1, STOPPING=1, WATCHDOG=1, STATUS=), reloads on SIGHUP and drains on
+// SIGTERM or SIGINT.
 package main
 
 import (
@@ -25,11 +31,14 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] != "demo" {
-		fmt.Fprintln(stderr, "usage: srpd demo [flags]    (run `srpd demo -h` for the flags)")
-		fmt.Fprintln(stderr, "The config-driven daemon (srpd -c /etc/srpd/srpd.yaml) is not built yet.")
-		return 2
+	if len(args) > 0 && args[0] == "demo" {
+		return demoMain(args, stdout, stderr)
 	}
+	return daemonMain(args, stdout, stderr, os.LookupEnv)
+}
+
+// demoMain runs `srpd demo`: target and initiator in one process, every byte verified.
+func demoMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("srpd demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "127.0.0.1", "loopback address both softroce devices bind (UDP, ephemeral ports)")

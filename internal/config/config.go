@@ -39,7 +39,7 @@ const (
 	DefaultControlMode   = FileMode(0o660)
 
 	DefaultLogLevel  = "info"
-	DefaultLogFormat = "json"
+	DefaultLogFormat = "auto"
 )
 
 // Transport drivers.
@@ -225,9 +225,10 @@ type Control struct {
 
 // Logging configures the daemon's logs.
 type Logging struct {
-	// Level is debug, info (default), warn or error.
+	// Level is debug, info (default), warn or error. srpd --log-level overrides it.
 	Level string `yaml:"level" json:"level"`
-	// Format is json (default) or console.
+	// Format is auto (default: console when srpd's standard error is a terminal, json
+	// otherwise, e.g. under systemd), json or console. srpd --log-format overrides it.
 	Format string `yaml:"format" json:"format"`
 }
 

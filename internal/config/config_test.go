@@ -128,7 +128,7 @@ sessions:
 		{"control socket", c.Control.Socket, "/run/srpd/srpd.sock"},
 		{"control mode", c.Control.Mode, FileMode(0o660)},
 		{"log level", c.Logging.Level, "info"},
-		{"log format", c.Logging.Format, "json"},
+		{"log format", c.Logging.Format, "auto"},
 	}
 	for _, ck := range checks {
 		if ck.got != ck.want {
@@ -215,7 +215,7 @@ func TestParseErrors(t *testing.T) {
 		{"several at once", "version: 2\nlogging:\n  level: loud\n  format: xml\n", []string{
 			"test.yaml:1: version: unsupported version 2",
 			`test.yaml:3: logging.level: "loud" must be`,
-			`test.yaml:4: logging.format: "xml" must be json or console`}, ErrInvalid},
+			`test.yaml:4: logging.format: "xml" must be auto, json or console`}, ErrInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

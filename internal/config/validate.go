@@ -307,9 +307,9 @@ func (v *validator) config(c *Config) {
 		v.errorf("logging.level", ErrInvalid, "%q must be debug, info, warn or error", c.Logging.Level)
 	}
 	switch c.Logging.Format {
-	case "json", "console":
+	case "auto", "json", "console":
 	default:
-		v.errorf("logging.format", ErrInvalid, "%q must be json or console", c.Logging.Format)
+		v.errorf("logging.format", ErrInvalid, "%q must be auto, json or console", c.Logging.Format)
 	}
 	if c.Metrics.Listen != "" {
 		v.hostPort("metrics.listen", c.Metrics.Listen)

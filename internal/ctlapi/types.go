@@ -154,7 +154,8 @@ type IOStats struct {
 
 // SessionInfo is an initiator logged in to one of our targets (an I_T nexus with its channels).
 type SessionInfo struct {
-	// ID identifies the session in /v1/sessions/{id}; URL-safe.
+	// ID identifies the session in /v1/sessions/{id}; URL-safe. srpd writes TARGET.N, N
+	// unique for the daemon's lifetime (a session after a target restart gets a new N).
 	ID        string        `json:"id"`
 	Target    string        `json:"target"`
 	Initiator config.PortID `json:"initiator"`

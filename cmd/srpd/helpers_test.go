@@ -1,0 +1,441 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Tests of the real binaries: srpd and srpctl are built once per test run into a temporary
+// directory (with -race when the tests run with it), started as processes on loopback with
+// every socket and file in t.TempDir(), and ended by PID.
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// binaries returns the paths of srpd and srpctl, building them on first use.
+func binaries(t *testing.T) (srpd, srpctl string) {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "srpd-bin-")
+		if buildErr != nil {
+			return
+		}
+		for _, pkg := range []string{"github.com/srpd/srpd/cmd/srpd", "github.com/srpd/srpd/cmd/srpctl"} {
+			args := []string{"build", "-o", binDir}
+			if raceEnabled {
+				args = append(args, "-race")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			out, err := exec.CommandContext(ctx, filepath.Join(runtimeGOROOT(), "bin", "go"), append(args, pkg)...).CombinedOutput()
+			cancel()
+			if err != nil {
+				buildErr = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(binDir, "srpd"), filepath.Join(binDir, "srpctl")
+}
+
+func runtimeGOROOT() string {
+	if r := os.Getenv("GOROOT"); r != "" {
+		return r
+	}
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err == nil {
+		return strings.TrimSpace(string(out))
+	}
+	return "/usr/local/go"
+}
+
+// freeUDPPort returns a UDP port that was free a moment ago on 127.0.0.1.
+func freeUDPPort(t *testing.T) int {
+	t.Helper()
+	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).Port
+}
+
+func freeTCPPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// shortTempDir is a temporary directory with a short path (unix socket paths are limited to
+// 107 bytes, and t.TempDir() embeds the test name).
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "srpd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// ---------------------------------------------------------------------------------------------
+// A fake systemd: the NOTIFY_SOCKET end.
+
+type notifySocket struct {
+	path string
+	conn *net.UnixConn
+	msgs chan []string
+	mu   sync.Mutex
+	all  [][]string
+}
+
+func newNotifySocket(t *testing.T, dir string) *notifySocket {
+	t.Helper()
+	path := filepath.Join(dir, "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &notifySocket{path: path, conn: conn, msgs: make(chan []string, 1024)}
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			k, err := conn.Read(buf)
+			if err != nil {
+				close(n.msgs)
+				return
+			}
+			lines := strings.Split(strings.TrimSuffix(string(buf[:k]), "\n"), "\n")
+			n.mu.Lock()
+			n.all = append(n.all, lines)
+			n.mu.Unlock()
+			n.msgs <- lines
+		}
+	}()
+	t.Cleanup(func() { conn.Close() })
+	return n
+}
+
+// wait returns the next datagram that has assignment want (e.g. "READY=1"), failing the test
+// after d. Datagrams before it are skipped (and returned in skipped).
+func (n *notifySocket) wait(t *testing.T, want string, d time.Duration) (msg []string, skipped [][]string) {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		select {
+		case m, ok := <-n.msgs:
+			if !ok {
+				t.Fatalf("notify socket closed while waiting for %s", want)
+			}
+			for _, a := range m {
+				if a == want {
+					return m, skipped
+				}
+			}
+			skipped = append(skipped, m)
+		case <-deadline:
+			t.Fatalf("no %s from srpd within %v (got %q)", want, d, skipped)
+		}
+	}
+}
+
+func hasPrefix(m []string, p string) string {
+	for _, a := range m {
+		if strings.HasPrefix(a, p) {
+			return a
+		}
+	}
+	return ""
+}
+
+// ---------------------------------------------------------------------------------------------
+// srpd processes.
+
+type daemonProc struct {
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	done   chan struct{}
+	err    error
+	notify *notifySocket
+	start  time.Time
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startDaemon starts srpd -c cfg with NOTIFY_SOCKET set to n (if not nil) and extra
+// environment. The process is killed (by PID) at the end of the test if it still runs.
+func startDaemon(t *testing.T, cfg string, n *notifySocket, env ...string) *daemonProc {
+	t.Helper()
+	srpd, _ := binaries(t)
+	p := &daemonProc{stderr: &syncBuffer{}, done: make(chan struct{}), notify: n}
+	p.cmd = exec.Command(srpd, "-c", cfg, "--log-format", "json", "--log-level", "debug")
+	p.cmd.Env = append(os.Environ(), env...)
+	if n != nil {
+		p.cmd.Env = append(p.cmd.Env, "NOTIFY_SOCKET="+n.path)
+	}
+	p.cmd.Stderr = p.stderr
+	p.cmd.Stdout = p.stderr
+	p.start = time.Now()
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill() // by PID, only ours
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("srpd (pid %d) output:\n%s", p.cmd.Process.Pid, tail(p.stderr.String(), 200))
+		}
+	})
+	return p
+}
+
+func tail(s string, lines int) string {
+	var l []string
+	for _, x := range strings.Split(s, "\n") {
+		if !strings.Contains(x, `"msg":"API call"`) || !strings.Contains(x, `"method":"GET"`) {
+			l = append(l, x)
+		}
+	}
+	if len(l) > lines {
+		l = l[len(l)-lines:]
+	}
+	return strings.Join(l, "\n")
+}
+
+func (p *daemonProc) signal(t *testing.T, s syscall.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(s); err != nil {
+		t.Fatalf("signal %v to srpd: %v", s, err)
+	}
+}
+
+// exit waits (bounded) for the process to end and returns its exit code.
+func (p *daemonProc) exit(t *testing.T, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(d):
+		t.Fatalf("srpd did not exit within %v", d)
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		return ee.ExitCode()
+	}
+	if p.err != nil {
+		t.Fatalf("srpd: %v", p.err)
+	}
+	return 0
+}
+
+// srpctl runs the real srpctl with args against socket and returns its exit code and output.
+func srpctl(t *testing.T, socket string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	_, bin := binaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--socket", socket, "--timeout", "60s"}, args...)...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("srpctl %q: %v", args, err)
+	}
+	return code, o.String(), e.String()
+}
+
+// mustSrpctl runs srpctl and fails the test unless it exits 0; with -o json output it decodes
+// stdout into out.
+func mustSrpctl(t *testing.T, socket string, out any, args ...string) string {
+	t.Helper()
+	code, stdout, stderr := srpctl(t, socket, args...)
+	if code != 0 {
+		t.Fatalf("srpctl %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, stdout, stderr)
+	}
+	if out != nil {
+		if err := json.Unmarshal([]byte(stdout), out); err != nil {
+			t.Fatalf("srpctl %s: output is not JSON: %v\n%s", strings.Join(args, " "), err, stdout)
+		}
+	}
+	return stdout
+}
+
+// ---------------------------------------------------------------------------------------------
+// A minimal NBD client (fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies), enough to do
+// verified I/O against the daemon's exports without external tools.
+
+const (
+	nbdOptMagic     = 0x49484156454F5054 // "IHAVEOPT"
+	nbdOptExport    = 1
+	nbdReqMagic     = 0x25609513
+	nbdReplyMagic   = 0x67446698
+	nbdCmdRead      = 0
+	nbdCmdWrite     = 1
+	nbdCmdDisc      = 2
+	nbdCmdFlush     = 3
+	nbdFlagNoZeroes = 2
+)
+
+type nbdClient struct {
+	c      net.Conn
+	size   int64
+	handle uint64
+}
+
+func dialNBD(socket, export string) (*nbdClient, error) {
+	c, err := net.DialTimeout("unix", socket, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+	var hello [18]byte
+	if _, err := io.ReadFull(c, hello[:]); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("nbd hello: %w", err)
+	}
+	if string(hello[:8]) != "NBDMAGIC" || binary.BigEndian.Uint64(hello[8:16]) != nbdOptMagic {
+		c.Close()
+		return nil, fmt.Errorf("nbd hello: not a newstyle server: %x", hello)
+	}
+	flags := binary.BigEndian.Uint16(hello[16:])
+	cflags := uint32(1) // FIXED_NEWSTYLE
+	if flags&nbdFlagNoZeroes != 0 {
+		cflags |= nbdFlagNoZeroes
+	}
+	opt := binary.BigEndian.AppendUint32(nil, cflags)
+	opt = binary.BigEndian.AppendUint64(opt, nbdOptMagic)
+	opt = binary.BigEndian.AppendUint32(opt, nbdOptExport)
+	opt = binary.BigEndian.AppendUint32(opt, uint32(len(export)))
+	opt = append(opt, export...)
+	if _, err := c.Write(opt); err != nil {
+		c.Close()
+		return nil, err
+	}
+	n := 10
+	if cflags&nbdFlagNoZeroes == 0 {
+		n += 124
+	}
+	rep := make([]byte, n)
+	if _, err := io.ReadFull(c, rep); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("nbd export %q: %w", export, err)
+	}
+	return &nbdClient{c: c, size: int64(binary.BigEndian.Uint64(rep))}, nil
+}
+
+func (n *nbdClient) request(typ uint16, off int64, length int, data []byte) error {
+	n.handle++
+	req := binary.BigEndian.AppendUint32(nil, nbdReqMagic)
+	req = binary.BigEndian.AppendUint16(req, 0)
+	req = binary.BigEndian.AppendUint16(req, typ)
+	req = binary.BigEndian.AppendUint64(req, n.handle)
+	req = binary.BigEndian.AppendUint64(req, uint64(off))
+	req = binary.BigEndian.AppendUint32(req, uint32(length))
+	req = append(req, data...)
+	_, err := n.c.Write(req)
+	return err
+}
+
+func (n *nbdClient) reply(data []byte) error {
+	var r [16]byte
+	if _, err := io.ReadFull(n.c, r[:]); err != nil {
+		return err
+	}
+	if binary.BigEndian.Uint32(r[:]) != nbdReplyMagic {
+		return fmt.Errorf("nbd: bad reply magic %x", r[:4])
+	}
+	if e := binary.BigEndian.Uint32(r[4:]); e != 0 {
+		return fmt.Errorf("nbd: error %d", e)
+	}
+	if h := binary.BigEndian.Uint64(r[8:]); h != n.handle {
+		return fmt.Errorf("nbd: reply for handle %d, want %d", h, n.handle)
+	}
+	if data != nil {
+		_, err := io.ReadFull(n.c, data)
+		return err
+	}
+	return nil
+}
+
+func (n *nbdClient) WriteAt(p []byte, off int64) error {
+	if err := n.request(nbdCmdWrite, off, len(p), p); err != nil {
+		return err
+	}
+	return n.reply(nil)
+}
+
+func (n *nbdClient) ReadAt(p []byte, off int64) error {
+	if err := n.request(nbdCmdRead, off, len(p), nil); err != nil {
+		return err
+	}
+	return n.reply(p)
+}
+
+func (n *nbdClient) Flush() error {
+	if err := n.request(nbdCmdFlush, 0, 0, nil); err != nil {
+		return err
+	}
+	return n.reply(nil)
+}
+
+func (n *nbdClient) Close() error {
+	_ = n.request(nbdCmdDisc, 0, 0, nil)
+	return n.c.Close()
+}

@@ -1,0 +1,419 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/srpd/srpd/initiator"
+	"github.com/srpd/srpd/initiator/nbd"
+	"github.com/srpd/srpd/internal/config"
+	"github.com/srpd/srpd/internal/ctlapi"
+	"github.com/srpd/srpd/srp"
+)
+
+// connRT is one of our initiator sessions to a remote target (a "connection" in the API), kept
+// up by a goroutine: it logs in, serves the configured LUNs over NBD, and when the session is
+// lost (dev_loss_tmo) or the first login fails it tries again after reconnect_delay. Channel
+// failures inside a session are the initiator package's business (reconnect, fast_io_fail_tmo).
+type connRT struct {
+	cfg config.Session
+	tr  *transportRT
+	log *zap.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{} // run has returned
+	first  chan struct{} // the first login attempt is over (firstErr says how)
+
+	nbdShutdown time.Duration
+
+	mu          sync.Mutex
+	firstErr    error
+	sess        *initiator.Session
+	lastErr     string
+	failed      int // failed logins since the last success
+	attempts    uint64
+	connectedAt time.Time
+	exports     []*nbdExport
+	retired     initiator.Stats // counters of sessions that ended
+}
+
+// nbdExport is one remote LUN served on its unix socket.
+type nbdExport struct {
+	lun    int
+	socket string
+	srv    *nbd.Server
+	cancel context.CancelFunc
+	done   chan struct{}
+	io     *ioTimes
+	err    string
+}
+
+// timedDevice times the NBD requests that reach the initiator's block API.
+type timedDevice struct {
+	nbd.Device
+	t *ioTimes
+}
+
+func (d *timedDevice) ReadAt(ctx context.Context, p []byte, off int64) error {
+	t0 := time.Now()
+	err := d.Device.ReadAt(ctx, p, off)
+	d.t.read.observe(time.Since(t0))
+	return err
+}
+
+func (d *timedDevice) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
+	t0 := time.Now()
+	err := d.Device.WriteAt(ctx, p, off, fua)
+	d.t.write.observe(time.Since(t0))
+	return err
+}
+
+func (d *timedDevice) Flush(ctx context.Context) error {
+	t0 := time.Now()
+	err := d.Device.Flush(ctx)
+	d.t.flush.observe(time.Since(t0))
+	return err
+}
+
+func timeout(t *config.Timeout, def time.Duration) time.Duration {
+	switch {
+	case t == nil:
+		return def
+	case t.Off():
+		return initiator.Off
+	}
+	return t.Duration()
+}
+
+// startConn starts keeping session cfg up.
+func (d *Daemon) startConn(cfg config.Session, tr *transportRT) *connRT {
+	c := &connRT{cfg: cfg, tr: tr, log: d.log.With(zap.String("connection", cfg.Name)),
+		done: make(chan struct{}), first: make(chan struct{}), nbdShutdown: d.opts.drainTimeout() / 2}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	go c.run()
+	return c
+}
+
+// retryDelay is the wait before the next login attempt: reconnect_delay (10 s when off),
+// doubled per failure up to 16 times it.
+func (c *connRT) retryDelay() time.Duration {
+	d := timeout(c.cfg.ReconnectDelay, initiator.DefaultReconnectDelay)
+	if d <= 0 {
+		d = initiator.DefaultReconnectDelay
+	}
+	c.mu.Lock()
+	n := c.failed
+	c.mu.Unlock()
+	for i := 1; i < n && i < 5; i++ {
+		d *= 2
+	}
+	return d
+}
+
+func (c *connRT) run() {
+	defer close(c.done)
+	firstDone := false
+	for {
+		sess, err := c.dial()
+		c.mu.Lock()
+		c.attempts++
+		if err != nil {
+			c.failed++
+			c.lastErr = err.Error()
+		} else {
+			c.failed, c.lastErr, c.sess, c.connectedAt = 0, "", sess, time.Now()
+		}
+		c.mu.Unlock()
+		if err == nil {
+			c.startExports(sess)
+		}
+		if !firstDone {
+			c.mu.Lock()
+			c.firstErr = err
+			c.mu.Unlock()
+			close(c.first)
+			firstDone = true
+		}
+		if err != nil {
+			if c.ctx.Err() != nil {
+				return
+			}
+			delay := c.retryDelay()
+			c.log.Warn("login failed; retrying", zap.Error(err), zap.Duration("retry_in", delay))
+			select {
+			case <-c.ctx.Done():
+				return
+			case <-time.After(delay):
+			}
+			continue
+		}
+		select {
+		case <-sess.Done():
+			c.log.Error("session lost; logging in again", zap.Error(sess.Err()))
+			c.stopExports(context.Background())
+			c.endSession(sess)
+		case <-c.ctx.Done():
+			// Drain: NBD clients get the answers to what they sent, then the session logs out.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*c.nbdShutdown)
+			c.stopExports(ctx)
+			if err := sess.Close(ctx); err != nil {
+				c.log.Warn("logout did not finish in time", zap.Error(err))
+			}
+			cancel()
+			c.endSession(sess)
+			return
+		}
+	}
+}
+
+func (c *connRT) endSession(s *initiator.Session) {
+	st := s.Stats()
+	c.mu.Lock()
+	if c.sess == s {
+		c.sess = nil
+		c.connectedAt = time.Time{}
+	}
+	r := &c.retired
+	r.Commands += st.Commands
+	r.Retries += st.Retries
+	r.Timeouts += st.Timeouts
+	r.Aborts += st.Aborts
+	r.TaskMgmt += st.TaskMgmt
+	r.Reconnects += st.Reconnects
+	r.CreditWaits += st.CreditWaits
+	c.mu.Unlock()
+}
+
+// remote resolves the target's address.
+func (c *connRT) remote(ctx context.Context) (netip.AddrPort, error) {
+	ip, err := netip.ParseAddr(c.cfg.Address)
+	if err != nil {
+		ips, lerr := net.DefaultResolver.LookupNetIP(ctx, "ip", c.cfg.Address)
+		if lerr != nil || len(ips) == 0 {
+			return netip.AddrPort{}, fmt.Errorf("resolve %s: %w", c.cfg.Address, lerr)
+		}
+		ip = ips[0]
+		for _, a := range ips { // same family as the transport's address, if there is one
+			if a.Unmap().Is4() == c.tr.bound.Addr().Is4() {
+				ip = a
+				break
+			}
+		}
+	}
+	return netip.AddrPortFrom(ip.Unmap(), uint16(c.cfg.Port)), nil
+}
+
+func (c *connRT) dial() (*initiator.Session, error) {
+	s := &c.cfg
+	ct := time.Duration(s.ConnectTimeout)
+	// One channel's login is bounded by connect_timeout; the whole Dial (every channel, then
+	// LUN discovery) by a little more than twice that.
+	ctx, cancel := context.WithTimeout(c.ctx, 2*ct+5*time.Second)
+	defer cancel()
+	remote, err := c.remote(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.tr.peerPort(remote.Addr())
+	imm := s.ImmediateData == nil || *s.ImmediateData
+	cfg := initiator.Config{
+		Name: s.Name, Device: c.tr.dev, Dialer: &initiator.CMDialer{CM: c.tr.dev, Remote: remote},
+		LoginForm: initiator.LoginRDMACM, TargetPortID: s.TargetPortID.SRP(), InitiatorExt: uint64(s.InitiatorExt),
+		ChCount: s.ChCount, QueueDepth: s.QueueDepth, MaxITIULen: uint32(s.MaxITIULen), DisableImmediateData: !imm,
+		ConnectTimeout: ct,
+		ReconnectDelay: timeout(s.ReconnectDelay, initiator.DefaultReconnectDelay),
+		FastIOFailTmo:  timeout(s.FastIOFailTmo, initiator.DefaultFastIOFailTmo),
+		DevLossTmo:     timeout(s.DevLossTmo, initiator.DefaultDevLossTmo),
+		Logger:         c.log,
+	}
+	if s.Source != "" {
+		c.log.Debug("source address: softroce connects from its transport's address", zap.String("source", s.Source))
+	}
+	sess, err := initiator.Dial(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("login to %v: %w", remote, err)
+	}
+	c.log.Info("connected", zap.Stringer("remote", remote), zap.Stringer("initiator_port", sess.InitiatorPortID()),
+		zap.Int("luns", len(sess.LUNs())))
+	return sess, nil
+}
+
+// startExports serves the configured LUNs of sess over NBD, one server per socket. The socket
+// offers the LUN as the default export ("") and as "lun<N>".
+func (c *connRT) startExports(sess *initiator.Session) {
+	var exps []*nbdExport
+	for _, e := range c.cfg.NBD {
+		x := &nbdExport{lun: e.LUN, socket: e.Socket, io: &ioTimes{}, done: make(chan struct{})}
+		exps = append(exps, x)
+		if err := c.serveExport(sess, x); err != nil {
+			x.err = err.Error()
+			close(x.done)
+			c.log.Error("NBD export failed", zap.Int("lun", e.LUN), zap.String("socket", e.Socket), zap.Error(err))
+		}
+	}
+	c.mu.Lock()
+	c.exports = exps
+	c.mu.Unlock()
+}
+
+func (c *connRT) serveExport(sess *initiator.Session, x *nbdExport) error {
+	l := sess.LUN(uint64(x.lun))
+	if l == nil {
+		return fmt.Errorf("the target reports no LUN %d: %w", x.lun, ctlapi.ErrNotFound)
+	}
+	srv, err := nbd.NewServer(nbd.Config{Logger: c.log.Named("nbd").With(zap.Int("lun", x.lun)), ShutdownTimeout: c.nbdShutdown})
+	if err != nil {
+		return err
+	}
+	dev := &timedDevice{Device: initiator.NBDDevice(l), t: x.io}
+	desc := fmt.Sprintf("srpd %s LUN %d %s", c.cfg.Name, x.lun, l.Info().IDString())
+	for _, name := range []string{"", "lun" + strconv.Itoa(x.lun)} {
+		if err := srv.AddExport(name, dev, nbd.ExportOptions{Description: desc}); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(x.socket), 0o750); err != nil {
+		return err
+	}
+	if _, err := srv.ListenUnix(x.socket); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	x.srv, x.cancel = srv, cancel
+	go func() {
+		defer close(x.done)
+		if err := srv.Serve(ctx); err != nil {
+			c.log.Error("NBD server", zap.Error(err))
+		}
+	}()
+	c.log.Info("NBD export up", zap.Int("lun", x.lun), zap.String("socket", x.socket), zap.Int64("size", l.Size()))
+	return nil
+}
+
+// stopExports shuts the NBD servers down (each answers what is in flight, bounded by its
+// ShutdownTimeout) and waits for them, or for ctx.
+func (c *connRT) stopExports(ctx context.Context) {
+	c.mu.Lock()
+	exps := c.exports
+	c.exports = nil
+	c.mu.Unlock()
+	for _, x := range exps {
+		if x.cancel != nil {
+			x.cancel()
+		}
+	}
+	for _, x := range exps {
+		select {
+		case <-x.done:
+		case <-ctx.Done():
+			c.log.Warn("NBD server did not stop in time", zap.String("socket", x.socket))
+		}
+	}
+}
+
+// waitFirst waits for the first login attempt and returns its error.
+func (c *connRT) waitFirst(ctx context.Context) error {
+	select {
+	case <-c.first:
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.firstErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// stop ends the connection: NBD exports drained, logout, bounded by ctx.
+func (c *connRT) stop(ctx context.Context) {
+	c.cancel()
+	select {
+	case <-c.done:
+		c.log.Info("disconnected")
+	case <-ctx.Done():
+		c.log.Warn("disconnect did not finish in time")
+	}
+}
+
+func stateOf(s initiator.State) string {
+	switch s {
+	case initiator.StateRunning:
+		return ctlapi.StateRunning
+	case initiator.StateBlocked:
+		return ctlapi.StateBlocked
+	case initiator.StateFailFast:
+		return ctlapi.StateFailFast
+	case initiator.StateLost:
+		return ctlapi.StateLost
+	}
+	return ctlapi.StateDisconnected
+}
+
+// stats sums the counters of the current and past sessions.
+func (c *connRT) stats() (initiator.Stats, *initiator.Session) {
+	c.mu.Lock()
+	st, sess := c.retired, c.sess
+	c.mu.Unlock()
+	if sess != nil {
+		s := sess.Stats()
+		st.Commands += s.Commands
+		st.Retries += s.Retries
+		st.Timeouts += s.Timeouts
+		st.Aborts += s.Aborts
+		st.TaskMgmt += s.TaskMgmt
+		st.Reconnects += s.Reconnects
+		st.CreditWaits += s.CreditWaits
+		st.LiveChannels = s.LiveChannels
+	}
+	return st, sess
+}
+
+func (c *connRT) info() ctlapi.ConnectionInfo {
+	st, sess := c.stats()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	info := ctlapi.ConnectionInfo{
+		Name: c.cfg.Name, Address: net.JoinHostPort(c.cfg.Address, strconv.Itoa(c.cfg.Port)), TargetPortID: c.cfg.TargetPortID,
+		State: ctlapi.StateConnecting, Error: c.lastErr, QueueDepth: c.cfg.QueueDepth, FailedReconnects: c.failed,
+		ConnectedAt: c.connectedAt, Config: c.cfg, LUNs: []ctlapi.RemoteLUN{},
+		Stats: ctlapi.IOStats{Commands: st.Commands, Errors: st.Timeouts, TaskMgmt: st.TaskMgmt, CreditStalls: st.CreditWaits},
+	}
+	if sess == nil {
+		var guid uint64
+		if g := c.tr.dev.GIDs(); len(g) > 0 {
+			guid = uint64(g[0][8])<<56 | uint64(g[0][9])<<48 | uint64(g[0][10])<<40 | uint64(g[0][11])<<32 |
+				uint64(g[0][12])<<24 | uint64(g[0][13])<<16 | uint64(g[0][14])<<8 | uint64(g[0][15])
+		}
+		info.InitiatorPortID = config.PortID(srp.MakePortID(uint64(c.cfg.InitiatorExt), guid))
+		return info
+	}
+	info.InitiatorPortID = config.PortID(sess.InitiatorPortID())
+	info.State = stateOf(sess.State())
+	info.Channels = st.LiveChannels
+	sockets := map[int]string{}
+	for _, x := range c.exports {
+		if x.err == "" {
+			sockets[x.lun] = x.socket
+		}
+	}
+	for _, l := range sess.LUNs() {
+		li := l.Info()
+		info.LUNs = append(info.LUNs, ctlapi.RemoteLUN{LUN: int(li.Number), Capacity: l.Size(), BlockSize: li.BlockSize,
+			ReadOnly: li.ReadOnly, Vendor: li.Vendor, Product: li.Product, NBDSocket: sockets[int(li.Number)]})
+	}
+	for _, x := range c.exports {
+		if x.err != "" {
+			info.Error = fmt.Sprintf("NBD export of LUN %d on %s: %s", x.lun, x.socket, x.err)
+		}
+	}
+	return info
+}

@@ -1,0 +1,187 @@
+package daemon
+
+import (
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/srpd/srpd/target"
+)
+
+// Metric names (Prometheus conventions: srpd_ prefix, _total counters, base units).
+//
+// frpool state (free/registering/valid/invalidating MRs) is not exported: neither the target's
+// channels nor the initiator's sessions expose their pools' statistics; the target's registered
+// MRs and memory are (srpd_target_mrs, srpd_target_registered_memory_bytes).
+
+var nakCodes = [5]string{"psn_sequence", "invalid_request", "remote_access", "remote_operational", "other"}
+
+// causeNames label login rejects: the target's cause names in snake case.
+var causeNames = func() []string {
+	var out []string
+	for c := target.RejectCause(0); c <= target.CauseResources; c++ {
+		out = append(out, strings.ReplaceAll(c.String(), " ", "_"))
+	}
+	return out
+}()
+
+func (d *Daemon) serveMetrics(w http.ResponseWriter, _ *http.Request) {
+	e := d.collect()
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	_, _ = e.WriteTo(w)
+}
+
+// collect builds the exposition from the engine's counters.
+func (d *Daemon) collect() *expo {
+	e := newExpo()
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+
+	e.gauge("srpd_build_info", "srpd's version.", 1, "version", d.version)
+	e.gauge("srpd_start_time_seconds", "When srpd started (Unix time).", float64(d.started.UnixNano())/1e9)
+	e.counter("srpd_config_reloads_total", "Configuration reloads (SIGHUP or API).", d.reloads.Load())
+	e.counter("srpd_config_reload_failures_total", "Reloads that were refused or applied with failures.", d.reloadFailures.Load())
+	e.counter("srpd_config_api_changes_total", "Configuration changes made through the control API.", d.mutations.Load())
+	e.gauge("srpd_failed_objects", "Configured objects (transports, targets, sessions, metrics) that are not running.", float64(len(d.failed)))
+
+	for _, name := range sortedKeys(d.transports) {
+		t := d.transports[name]
+		s := t.dev.Stats()
+		cm := t.dev.CMStats()
+		l := []string{"transport", name}
+		e.counter("srpd_softroce_tx_packets_total", "RoCEv2 packets sent.", s.TxPackets, l...)
+		e.counter("srpd_softroce_rx_packets_total", "RoCEv2 packets received (after the ICRC check).", s.RxPackets, l...)
+		e.counter("srpd_softroce_tx_bytes_total", "RoCEv2 bytes sent.", s.TxBytes, l...)
+		e.counter("srpd_softroce_rx_bytes_total", "RoCEv2 bytes received.", s.RxBytes, l...)
+		e.counter("srpd_softroce_retransmits_total", "Packets sent again by go-back-N retries.", s.Retransmits, l...)
+		e.counter("srpd_softroce_retry_events_total", "Retries started (NAK, timeout, RNR).", s.RetryEvents, l...)
+		e.counter("srpd_softroce_ack_timeouts_total", "Local ACK timeouts.", s.Timeouts, l...)
+		e.counter("srpd_softroce_retry_exceeded_total", "QPs that ran out of transport retries.", s.RetryExceeded, l...)
+		e.counter("srpd_softroce_rnr_retry_exceeded_total", "QPs that ran out of RNR retries.", s.RNRRetryExceeded, l...)
+		for i, code := range nakCodes {
+			e.counter("srpd_softroce_naks_sent_total", "NAKs sent, by code.", s.NAKsSent[i], "transport", name, "code", code)
+		}
+		for i, code := range nakCodes {
+			e.counter("srpd_softroce_naks_received_total", "NAKs received, by code.", s.NAKsRcvd[i], "transport", name, "code", code)
+		}
+		e.counter("srpd_softroce_rnr_naks_sent_total", "RNR NAKs sent.", s.RNRNAKsSent, l...)
+		e.counter("srpd_softroce_rnr_naks_received_total", "RNR NAKs received.", s.RNRNAKsRcvd, l...)
+		e.counter("srpd_softroce_out_of_sequence_total", "Requests with a PSN beyond the expected one (dropped).", s.OutOfSequence, l...)
+		e.counter("srpd_softroce_duplicates_total", "Duplicate requests.", s.Duplicates, l...)
+		e.counter("srpd_softroce_icrc_drops_total", "Packets dropped for a bad ICRC.", s.ICRCDrops, l...)
+		e.counter("srpd_softroce_link_drops_total", "Packets dropped by the link (malformed, queue overflow).", s.LinkDrops, l...)
+		e.counter("srpd_softroce_engine_drops_total", "Packets dropped by the engine (no QP, wrong state, bad header).", s.Dropped, l...)
+		e.counter("srpd_softroce_cq_overruns_total", "Completion queue overruns.", s.CQOverruns, l...)
+		e.counter("srpd_softroce_cm_mads_received_total", "Connection-management MADs received.", cm.RxMADs, l...)
+		e.counter("srpd_softroce_cm_mads_sent_total", "Connection-management MADs sent.", cm.TxMADs, l...)
+	}
+
+	for _, name := range sortedKeys(d.targets) {
+		t := d.targets[name]
+		st := t.tgt.Stats()
+		l := []string{"target", name}
+		e.gauge("srpd_target_sessions", "Initiators logged in (I_T nexuses).", float64(st.Sessions), l...)
+		e.gauge("srpd_target_channels", "Live RDMA channels.", float64(st.Channels), l...)
+		e.counter("srpd_target_logins_total", "Logins, by result.", st.LoginsAccepted, "target", name, "result", "accepted")
+		e.counter("srpd_target_logins_total", "Logins, by result.", st.LoginsRejected+t.malformed.Load(), "target", name, "result", "rejected")
+		for i, n := range causeNames {
+			if i < len(st.Rejects) && st.Rejects[i] > 0 {
+				e.counter("srpd_target_login_rejects_total", "Rejected logins, by cause.", st.Rejects[i], "target", name, "cause", n)
+			}
+		}
+		e.counter("srpd_target_commands_total", "SCSI commands received (IOPS: rate of this).", st.Commands, l...)
+		e.counter("srpd_target_read_bytes_total", "Data-in bytes sent to initiators (reads).", st.BytesIn, l...)
+		e.counter("srpd_target_write_bytes_total", "Data-out bytes received from initiators (writes).", st.BytesOut, l...)
+		e.counter("srpd_target_errors_total", "Commands that failed plus transport errors.", st.Errors, l...)
+		e.counter("srpd_target_teardown_timeouts_total", "Channels whose drain hit the teardown timeout.", st.TeardownTimeouts, l...)
+		e.gauge("srpd_target_mrs", "Registered memory regions held by the channels.", float64(st.MRs), l...)
+		e.gauge("srpd_target_registered_memory_bytes", "Memory registered by the channels.", float64(st.MemoryBytes), l...)
+		var granted, reqLim, pending int64
+		for _, ss := range t.tgt.Sessions() {
+			for _, c := range ss.Channels {
+				granted += int64(c.QueueDepth)
+				reqLim += c.ReqLim
+				pending += c.PendingCredits
+			}
+		}
+		e.gauge("srpd_target_credits_granted", "Credits granted at login, summed over live channels.", float64(granted), l...)
+		e.gauge("srpd_target_credits_available", "Credits the initiators hold now (request limit), summed over live channels.", float64(reqLim), l...)
+		e.gauge("srpd_target_credits_pending", "Credits owed to initiators, not yet returned.", float64(pending), l...)
+		for _, id := range sortedKeys(t.luns) {
+			lr := t.luns[id]
+			ls := strconv.Itoa(id)
+			e.gauge("srpd_target_lun_capacity_bytes", "LUN capacity.", float64(lr.capacity), "target", name, "lun", ls)
+			for _, op := range []struct {
+				n string
+				h *histogram
+			}{{"read", &lr.io.read}, {"write", &lr.io.write}, {"flush", &lr.io.flush}} {
+				e.histogram("srpd_target_backend_io_duration_seconds", "Backend I/O latency of a LUN (reads, writes, flushes).", op.h,
+					"target", name, "lun", ls, "op", op.n)
+			}
+		}
+	}
+
+	for _, name := range sortedKeys(d.conns) {
+		c := d.conns[name]
+		st, sess := c.stats()
+		l := []string{"connection", name}
+		up := 0.0
+		if sess != nil {
+			up = 1
+		}
+		c.mu.Lock()
+		attempts, exps := c.attempts, c.exports
+		c.mu.Unlock()
+		e.gauge("srpd_connection_up", "1 when the initiator session to the target is logged in.", up, l...)
+		e.gauge("srpd_connection_channels", "Live channels of the initiator session.", float64(st.LiveChannels), l...)
+		e.counter("srpd_connection_logins_total", "Session login attempts (the first and after a session loss).", attempts, l...)
+		e.counter("srpd_connection_commands_total", "SCSI commands completed by the target.", st.Commands, l...)
+		e.counter("srpd_connection_retries_total", "Commands re-issued.", st.Retries, l...)
+		e.counter("srpd_connection_timeouts_total", "Commands that timed out.", st.Timeouts, l...)
+		e.counter("srpd_connection_task_mgmt_total", "Task management functions sent.", st.TaskMgmt, l...)
+		e.counter("srpd_connection_reconnects_total", "Channel reconnections.", st.Reconnects, l...)
+		e.counter("srpd_connection_credit_waits_total", "Submissions that waited for SRP credits.", st.CreditWaits, l...)
+		for _, x := range exps {
+			ls := []string{"connection", name, "lun", strconv.Itoa(x.lun)}
+			if x.srv != nil {
+				ns := x.srv.Stats()
+				var reads, writes, br, bw, errs, reqs uint64
+				conns := 0
+				for _, ex := range ns.Exports {
+					reads += ex.Reads
+					writes += ex.Writes
+					br += ex.BytesRead
+					bw += ex.BytesWritten
+					errs += ex.Errors
+					reqs += ex.Requests
+					conns += ex.Conns
+				}
+				e.gauge("srpd_nbd_connections", "NBD clients connected to an export.", float64(conns), ls...)
+				e.counter("srpd_nbd_requests_total", "NBD requests answered.", reqs, ls...)
+				e.counter("srpd_nbd_reads_total", "NBD reads.", reads, ls...)
+				e.counter("srpd_nbd_writes_total", "NBD writes.", writes, ls...)
+				e.counter("srpd_nbd_read_bytes_total", "Bytes sent in NBD read replies.", br, ls...)
+				e.counter("srpd_nbd_written_bytes_total", "Bytes of successful NBD writes.", bw, ls...)
+				e.counter("srpd_nbd_errors_total", "NBD replies with an error.", errs, ls...)
+			}
+			for _, op := range []struct {
+				n string
+				h *histogram
+			}{{"read", &x.io.read}, {"write", &x.io.write}, {"flush", &x.io.flush}} {
+				e.histogram("srpd_nbd_request_duration_seconds", "Latency of NBD requests through the SRP initiator (reads, writes, flushes).", op.h,
+					"connection", name, "lun", strconv.Itoa(x.lun), "op", op.n)
+			}
+		}
+	}
+	return e
+}
+
+func sortedKeys[K int | string, V any](m map[K]V) []K {
+	out := make([]K, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}

@@ -1,0 +1,45 @@
+package daemon
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestExposition(t *testing.T) {
+	e := newExpo()
+	e.counter("x_total", "Things.", 3, "a", "1")
+	e.gauge("y", "A gauge\nwith a newline.", 0.5)
+	e.counter("x_total", "Things.", 12345678901, "a", `q"uo\te`+"\n")
+	var h histogram
+	h.observe(5 * time.Microsecond)   // first bucket (10µs)
+	h.observe(300 * time.Microsecond) // 500µs
+	h.observe(20 * time.Second)       // +Inf only
+	e.histogram("lat_seconds", "Latency.", &h, "op", "read")
+	var b bytes.Buffer
+	if _, err := e.WriteTo(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"# HELP x_total Things.\n# TYPE x_total counter\nx_total{a=\"1\"} 3\nx_total{a=\"q\\\"uo\\\\te\\n\"} 12345678901\n",
+		"# HELP y A gauge\\nwith a newline.\n# TYPE y gauge\ny 0.5\n",
+		"# TYPE lat_seconds histogram\n",
+		`lat_seconds_bucket{op="read",le="1e-05"} 1` + "\n",
+		`lat_seconds_bucket{op="read",le="0.00025"} 1` + "\n",
+		`lat_seconds_bucket{op="read",le="0.0005"} 2` + "\n",
+		`lat_seconds_bucket{op="read",le="10"} 2` + "\n",
+		`lat_seconds_bucket{op="read",le="+Inf"} 3` + "\n",
+		`lat_seconds_count{op="read"} 3` + "\n",
+		`lat_seconds_sum{op="read"} 20.000305` + "\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("exposition lacks %q:\n%s", want, out)
+		}
+	}
+	// A family's samples stay together even when added apart.
+	if strings.Count(out, "# TYPE x_total") != 1 || strings.Index(out, "# TYPE y") < strings.LastIndex(out, "x_total{") {
+		t.Errorf("samples of x_total are not grouped:\n%s", out)
+	}
+}

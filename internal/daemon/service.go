@@ -1,0 +1,362 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/srpd/srpd/internal/config"
+	"github.com/srpd/srpd/internal/ctlapi"
+)
+
+// The control API (ctlapi.Service) over the running daemon. Reads look at what runs; changes
+// go through mutate: edit a copy of the configuration, validate it, apply the difference, and
+// persist it when asked.
+
+var _ ctlapi.Service = (*Daemon)(nil)
+
+// Status implements ctlapi.Service.
+func (d *Daemon) Status(context.Context) (*ctlapi.Status, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	st := &ctlapi.Status{Version: d.version, APIVersion: ctlapi.APIVersion, PID: os.Getpid(), StartedAt: d.started,
+		ConfigPath: d.opts.ConfigPath, Targets: len(d.cfg.Targets), Connections: len(d.cfg.Sessions),
+		Transports: []ctlapi.TransportInfo{}}
+	for _, t := range d.cfg.Transports {
+		if rt := d.transports[t.Name]; rt != nil {
+			st.Transports = append(st.Transports, rt.info())
+			continue
+		}
+		st.Transports = append(st.Transports, ctlapi.TransportInfo{Name: t.Name, Driver: t.Driver, State: ctlapi.StateError,
+			Error: d.failed["transport/"+t.Name]})
+	}
+	for _, t := range d.targets {
+		st.Sessions += int(t.tgt.Stats().Sessions)
+	}
+	return st, nil
+}
+
+func (d *Daemon) targetInfoLocked(t *config.Target) ctlapi.TargetInfo {
+	if rt := d.targets[t.Name]; rt != nil {
+		return rt.info()
+	}
+	info := ctlapi.TargetInfo{Name: t.Name, Transport: t.Transport, PortID: t.PortID, Listen: []string{}, State: ctlapi.StateError,
+		Error: d.failed["target/"+t.Name], Limits: t.Limits, LUNs: []ctlapi.LUNInfo{}, ACLs: []ctlapi.ACLInfo{}}
+	if info.Error == "" {
+		info.State = ctlapi.StateDown
+	}
+	for _, l := range t.LUNs {
+		info.LUNs = append(info.LUNs, ctlapi.LUNInfo{LUN: l, State: ctlapi.StateDown})
+	}
+	for _, a := range t.ACLs {
+		info.ACLs = append(info.ACLs, ctlapi.ACLInfo{ACL: a})
+	}
+	return info
+}
+
+func notFound(kind, name string) error {
+	return fmt.Errorf("%s %q: %w", kind, name, ctlapi.ErrNotFound)
+}
+
+// ListTargets implements ctlapi.Service.
+func (d *Daemon) ListTargets(context.Context) ([]ctlapi.TargetInfo, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := []ctlapi.TargetInfo{}
+	for i := range d.cfg.Targets {
+		out = append(out, d.targetInfoLocked(&d.cfg.Targets[i]))
+	}
+	return out, nil
+}
+
+// GetTarget implements ctlapi.Service.
+func (d *Daemon) GetTarget(_ context.Context, name string) (*ctlapi.TargetInfo, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	t := d.cfg.Target(name)
+	if t == nil {
+		return nil, notFound("target", name)
+	}
+	info := d.targetInfoLocked(t)
+	return &info, nil
+}
+
+// CreateTarget implements ctlapi.Service.
+func (d *Daemon) CreateTarget(ctx context.Context, t config.Target, opts ctlapi.MutateOptions) (*ctlapi.TargetInfo, error) {
+	if err := d.mutate(ctx, opts.Persist, func(c *config.Config) error { return c.AddTarget(t) }, nil); err != nil {
+		return nil, err
+	}
+	return d.GetTarget(ctx, t.Name)
+}
+
+// DeleteTarget implements ctlapi.Service.
+func (d *Daemon) DeleteTarget(ctx context.Context, name string, opts ctlapi.DeleteOptions) error {
+	return d.mutate(ctx, opts.Persist, func(c *config.Config) error {
+		if c.Target(name) == nil {
+			return notFound("target", name)
+		}
+		d.mu.RLock()
+		rt := d.targets[name]
+		d.mu.RUnlock()
+		if rt != nil && !opts.Force {
+			if n := rt.tgt.Stats().Sessions; n > 0 {
+				return fmt.Errorf("target %q has %d logged-in session(s); use force to log them out: %w", name, n, ctlapi.ErrConflict)
+			}
+		}
+		return c.RemoveTarget(name)
+	}, nil)
+}
+
+func (d *Daemon) runningTarget(name string) (*config.Target, error) {
+	t := d.cfg.Target(name)
+	if t == nil {
+		return nil, notFound("target", name)
+	}
+	return t, nil
+}
+
+// ListLUNs implements ctlapi.Service.
+func (d *Daemon) ListLUNs(_ context.Context, target string) ([]ctlapi.LUNInfo, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	t, err := d.runningTarget(target)
+	if err != nil {
+		return nil, err
+	}
+	return d.targetInfoLocked(t).LUNs, nil
+}
+
+// checkBackend catches the common mistakes of a new LUN before anything is restarted for it.
+func checkBackend(l config.LUN) error {
+	switch l.Backend {
+	case config.BackendFile:
+		fi, err := os.Stat(l.Path)
+		switch {
+		case errors.Is(err, os.ErrNotExist) && !l.Create:
+			return fmt.Errorf("LUN %d: %s does not exist (add create and a size to create it): %w", l.ID, l.Path, ctlapi.ErrInvalidArgument)
+		case err == nil && !fi.Mode().IsRegular():
+			return fmt.Errorf("LUN %d: %s is not a regular file: %w", l.ID, l.Path, ctlapi.ErrInvalidArgument)
+		}
+	case config.BackendBlockDev:
+		fi, err := os.Stat(l.Path)
+		switch {
+		case err != nil:
+			return fmt.Errorf("LUN %d: %w: %w", l.ID, err, ctlapi.ErrInvalidArgument)
+		case fi.Mode()&os.ModeDevice == 0 || fi.Mode()&os.ModeCharDevice != 0:
+			return fmt.Errorf("LUN %d: %s is not a block device: %w", l.ID, l.Path, ctlapi.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// AddLUN implements ctlapi.Service. The target restarts with the new LUN (its initiators are
+// logged out and log in again): the target package fixes a target's views at creation.
+func (d *Daemon) AddLUN(ctx context.Context, target string, l config.LUN, opts ctlapi.MutateOptions) (*ctlapi.LUNInfo, error) {
+	if err := checkBackend(l); err != nil {
+		return nil, err
+	}
+	err := d.mutate(ctx, opts.Persist, func(c *config.Config) error { return c.AddLUN(target, l) }, d.targetUp(target))
+	if err != nil {
+		return nil, err
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	t, err := d.runningTarget(target)
+	if err != nil {
+		return nil, err
+	}
+	for _, li := range d.targetInfoLocked(t).LUNs {
+		if li.ID == l.ID {
+			return &li, nil
+		}
+	}
+	return nil, notFound("LUN", strconv.Itoa(l.ID))
+}
+
+// RemoveLUN implements ctlapi.Service.
+func (d *Daemon) RemoveLUN(ctx context.Context, target string, id int, opts ctlapi.MutateOptions) error {
+	return d.mutate(ctx, opts.Persist, func(c *config.Config) error { return c.RemoveLUN(target, id) }, d.targetUp(target))
+}
+
+// targetUp fails a change that left the target in error (it is then undone).
+func (d *Daemon) targetUp(target string) func(*config.Config) error {
+	return func(c *config.Config) error {
+		d.mu.RLock()
+		defer d.mu.RUnlock()
+		if msg := d.failed["target/"+target]; msg != "" {
+			return errors.New(msg)
+		}
+		return nil
+	}
+}
+
+// ListACLs implements ctlapi.Service.
+func (d *Daemon) ListACLs(_ context.Context, target string) ([]ctlapi.ACLInfo, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	t, err := d.runningTarget(target)
+	if err != nil {
+		return nil, err
+	}
+	return d.targetInfoLocked(t).ACLs, nil
+}
+
+// AddACL implements ctlapi.Service (the target restarts, as for AddLUN).
+func (d *Daemon) AddACL(ctx context.Context, target string, a config.ACL, opts ctlapi.MutateOptions) (*ctlapi.ACLInfo, error) {
+	if err := d.mutate(ctx, opts.Persist, func(c *config.Config) error { return c.AddACL(target, a) }, d.targetUp(target)); err != nil {
+		return nil, err
+	}
+	acls, err := d.ListACLs(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	for _, ai := range acls {
+		if ai.Initiator == a.Initiator {
+			return &ai, nil
+		}
+	}
+	return nil, notFound("ACL", a.Initiator.String())
+}
+
+// RemoveACL implements ctlapi.Service.
+func (d *Daemon) RemoveACL(ctx context.Context, target string, ini config.InitiatorID, opts ctlapi.MutateOptions) error {
+	return d.mutate(ctx, opts.Persist, func(c *config.Config) error { return c.RemoveACL(target, ini) }, d.targetUp(target))
+}
+
+// ListSessions implements ctlapi.Service.
+func (d *Daemon) ListSessions(_ context.Context, f ctlapi.SessionFilter) ([]ctlapi.SessionInfo, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if f.Target != "" && d.cfg.Target(f.Target) == nil {
+		return nil, notFound("target", f.Target)
+	}
+	out := []ctlapi.SessionInfo{}
+	for _, name := range sortedKeys(d.targets) {
+		if f.Target == "" || f.Target == name {
+			out = append(out, d.targets[name].sessionInfos()...)
+		}
+	}
+	return out, nil
+}
+
+// parseSessionID splits "target.N".
+func parseSessionID(id string) (string, uint64, bool) {
+	i := strings.LastIndexByte(id, '.')
+	if i <= 0 {
+		return "", 0, false
+	}
+	n, err := strconv.ParseUint(id[i+1:], 10, 64)
+	return id[:i], n, err == nil
+}
+
+// GetSession implements ctlapi.Service.
+func (d *Daemon) GetSession(_ context.Context, id string) (*ctlapi.SessionInfo, error) {
+	name, _, ok := parseSessionID(id)
+	if !ok {
+		return nil, notFound("session", id)
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if t := d.targets[name]; t != nil {
+		for _, s := range t.sessionInfos() {
+			if s.ID == id {
+				return &s, nil
+			}
+		}
+	}
+	return nil, notFound("session", id)
+}
+
+// KillSession implements ctlapi.Service: the initiator is logged out (SRP_T_LOGOUT, then a
+// disconnect, on each of its channels). It may log in again if its ACL allows.
+func (d *Daemon) KillSession(ctx context.Context, id string) error {
+	name, n, ok := parseSessionID(id)
+	if !ok {
+		return notFound("session", id)
+	}
+	d.mu.RLock()
+	t := d.targets[name]
+	d.mu.RUnlock()
+	if t == nil {
+		return notFound("session", id)
+	}
+	found, err := t.kill(ctx, n)
+	if !found {
+		return notFound("session", id)
+	}
+	return err
+}
+
+// ListConnections implements ctlapi.Service.
+func (d *Daemon) ListConnections(context.Context) ([]ctlapi.ConnectionInfo, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := []ctlapi.ConnectionInfo{}
+	for i := range d.cfg.Sessions {
+		out = append(out, d.connInfoLocked(&d.cfg.Sessions[i]))
+	}
+	return out, nil
+}
+
+func (d *Daemon) connInfoLocked(s *config.Session) ctlapi.ConnectionInfo {
+	if c := d.conns[s.Name]; c != nil {
+		return c.info()
+	}
+	return ctlapi.ConnectionInfo{Name: s.Name, Address: s.Address, TargetPortID: s.TargetPortID, State: ctlapi.StateError,
+		Error: d.failed["session/"+s.Name], Config: *s, LUNs: []ctlapi.RemoteLUN{}}
+}
+
+// GetConnection implements ctlapi.Service.
+func (d *Daemon) GetConnection(_ context.Context, name string) (*ctlapi.ConnectionInfo, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	s := d.cfg.Session(name)
+	if s == nil {
+		return nil, notFound("connection", name)
+	}
+	info := d.connInfoLocked(s)
+	return &info, nil
+}
+
+// Connect implements ctlapi.Service: the session is added and its first login awaited; if it
+// fails the session is removed again and the error returned (a session in the configuration
+// file, by contrast, keeps trying).
+func (d *Daemon) Connect(ctx context.Context, s config.Session, opts ctlapi.MutateOptions) (*ctlapi.ConnectionInfo, error) {
+	err := d.mutate(ctx, opts.Persist, func(c *config.Config) error { return c.AddSession(s) }, func(*config.Config) error {
+		d.mu.RLock()
+		c := d.conns[s.Name]
+		msg := d.failed["session/"+s.Name]
+		d.mu.RUnlock()
+		if c == nil {
+			return fmt.Errorf("connection %s: %s: %w", s.Name, msg, ctlapi.ErrUnavailable)
+		}
+		if err := c.waitFirst(ctx); err != nil {
+			return fmt.Errorf("connection %s: %w: %w", s.Name, err, ctlapi.ErrUnavailable)
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, x := range c.exports {
+			if x.err != "" {
+				return fmt.Errorf("connection %s: NBD export of LUN %d on %s: %s: %w", s.Name, x.lun, x.socket, x.err, ctlapi.ErrInvalidArgument)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return d.GetConnection(ctx, s.Name)
+}
+
+// Disconnect implements ctlapi.Service.
+func (d *Daemon) Disconnect(ctx context.Context, name string, opts ctlapi.MutateOptions) error {
+	return d.mutate(ctx, opts.Persist, func(c *config.Config) error {
+		if c.Session(name) == nil {
+			return notFound("connection", name)
+		}
+		return c.RemoveSession(name)
+	}, nil)
+}

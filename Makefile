@@ -32,8 +32,19 @@ MODEL_CHECKS ?= 10000
 model:
 	$(GO) test -count=1 -run 'TestModelSoftroce$$' ./frpool/ -rapid.checks=$(MODEL_CHECKS)
 
-# Benchmarks with allocation counts; compare runs with benchstat.
+# make bench: bench/bench.sh, srpd's NBD export of a remote LUN (SRP target and initiator
+# processes over softroce on loopback) against qemu-nbd and nbdkit with fio, then the target's
+# memory with 1 and 64 sessions (settings through the environment: see bench/bench.sh).
+# bench-nbd and bench-mem run one section each; bench-go the Go micro-benchmarks with
+# allocation counts (compare runs with benchstat).
+.PHONY: bench-nbd bench-mem bench-go
 bench:
+	bench/bench.sh
+bench-nbd:
+	bench/bench.sh nbd
+bench-mem:
+	bench/bench.sh mem
+bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
 # A short run of every fuzz target (each parser has one), seed corpora first.

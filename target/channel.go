@@ -9,18 +9,21 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/srpd/srpd/frpool"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
 	"github.com/srpd/srpd/transport"
 )
 
-// Work request IDs: kind in the top bits, "last WR of a chain" flag, then an index.
+// Work request IDs: kind in the top bits, then an index. Receive WRs are posted directly and
+// carry these IDs on the wire; send WRs are posted through the channel's frpool pool, which
+// puts frpool.WRIDTag and its sequence number on the wire and gives these IDs back with the
+// completions the target asked for (a response SEND, a control SEND).
 const (
 	idKindShift = 60
 	idRecv      = uint64(1) << idKindShift
 	idCtx       = uint64(2) << idKindShift
 	idCtl       = uint64(3) << idKindShift
-	idLast      = uint64(1) << 59
 	idIndexMask = uint64(1)<<32 - 1
 )
 
@@ -66,6 +69,9 @@ type closeReq struct {
 	why    string
 }
 
+// errDisconnected is the cause given to the pool when the channel moves its QP to ERR.
+var errDisconnected = errors.New("target: channel disconnected")
+
 // channel is one RDMA channel (one RC QP) of a session. Everything but the close request, the
 // event queue and the statistics is owned by the channel's loop goroutine (run): receive and
 // send completions, credits, contexts and posting all happen there, so the data path takes no
@@ -86,6 +92,9 @@ type channel struct {
 	mr   transport.MR
 	lkey uint32
 	conn transport.CMConn
+	// pool posts every send work request of the QP: RDMA READ / WRITE through the contexts'
+	// RW contexts, SENDs as plain chains.
+	pool *frpool.Pool
 
 	depth, itLen, tiLen, immOff int
 	maxDesc                     int
@@ -110,10 +119,13 @@ type channel struct {
 	sqCap, sqFree int
 	sqHead        *ioCtx
 	sqTail        *ioCtx
+	bigRW         []*frpool.RWCtx // free large RW contexts (see ioCtx.rw)
+	bigOut        int             // large RW contexts borrowed
 
 	ctl        [2]ctlBuf
 	ctlWR      [1]transport.SendWR
 	ctlSGE     [1]transport.SGE
+	ctlChain   frpool.Chain
 	credReqOut bool
 	credTag    srp.Tag
 	credSeq    uint64
@@ -337,6 +349,7 @@ func (ch *channel) disconnect() {
 			ch.log.Debug("moving the QP to ERR", zap.Error(err))
 		}
 	}
+	ch.pool.HandleQPError(errDisconnected)
 	// Contexts waiting for send-queue slots will never get them.
 	for c := ch.sqHead; c != nil; {
 		n := c.sqNextW
@@ -406,11 +419,39 @@ func (ch *channel) abortAll() {
 // ---- completions ----
 
 func (ch *channel) onWC(wc *transport.WC) {
-	switch wc.ID &^ (idLast | idIndexMask) {
-	case idRecv:
-		ch.onRecv(wc)
+	if wc.ID&frpool.WRIDTag != 0 {
+		ch.onSendWC(wc)
+		return
+	}
+	if wc.ID&^idIndexMask != idRecv {
+		ch.log.Error("completion with an unknown work request ID", zap.Uint64("id", wc.ID))
+		return
+	}
+	// The pool learns of QP errors and remote invalidations from receive completions; a plain
+	// successful receive tells it nothing (HandleRecvCompletion would only take its lock).
+	if wc.Status != transport.WCSuccess || wc.Flags&transport.WCWithInvalidate != 0 {
+		if err := ch.pool.HandleRecvCompletion(wc); err != nil && !errors.Is(err, frpool.ErrStaleCompletion) {
+			ch.log.Debug("receive completion refused by the MR pool", zap.Error(err))
+		}
+	}
+	ch.onRecv(wc)
+}
+
+// onSendWC hands a send completion to the pool, which retires the work requests it covers
+// (running RWDone for the RW contexts it completes) and gives back the completions of the
+// target's own SENDs.
+func (ch *channel) onSendWC(wc *transport.WC) {
+	deliver, err := ch.pool.HandleSendCompletion(wc)
+	if err != nil && !errors.Is(err, frpool.ErrStaleCompletion) {
+		ch.log.Error("send completion refused by the MR pool", zap.Uint64("id", wc.ID), zap.Error(err))
+		ch.fail("send completion", err)
+	}
+	if !deliver {
+		return
+	}
+	switch wc.ID &^ idIndexMask {
 	case idCtx:
-		ch.onCtxWC(wc)
+		ch.onRspWC(wc)
 	case idCtl:
 		ch.onCtlWC(wc)
 	default:
@@ -438,39 +479,59 @@ func (ch *channel) onRecv(wc *transport.WC) {
 	}
 }
 
-func (ch *channel) onCtxWC(wc *transport.WC) {
+// onRspWC handles the completion of a context's SRP_RSP SEND (after the RDMA WRITEs chained
+// before it, if any): the request is over.
+func (ch *channel) onRspWC(wc *transport.WC) {
 	c := ch.ctxs[wc.ID&idIndexMask]
-	if wc.Status != transport.WCSuccess {
-		if c.wrErr == transport.WCSuccess {
-			c.wrErr = wc.Status
+	if wc.Status != transport.WCSuccess && (wc.Status != transport.WCWRFlushErr || ch.st() == chLive) {
+		ch.fail(fmt.Sprintf("%v for %v", wc.Opcode, c.state), fmt.Errorf("completion status %v", wc.Status))
+	}
+	ch.sqFree += c.sqUsed
+	c.sqUsed = 0
+	if c.state == csSend {
+		ch.release(c)
+	} else {
+		ch.log.Error("send completion for a context in state " + c.state.String())
+	}
+	ch.kickSQ()
+}
+
+// rwDone continues a context whose RDMA READ transfer (external tables, data-out) completed.
+// For data-in the response SEND chained after the RDMA WRITEs completes the request
+// (onRspWC, delivered by the same HandleSendCompletion call right after this).
+func (ch *channel) rwDone(c *ioCtx, err error) {
+	if ch.st() == chClosed {
+		return // the pool given up at teardown (destroy released the contexts)
+	}
+	if err != nil {
+		st := transport.WCWRFlushErr
+		var we *frpool.WCError
+		if errors.As(err, &we) {
+			st = we.Status
 		}
-		if wc.Status != transport.WCWRFlushErr || ch.st() == chLive {
-			ch.fail(fmt.Sprintf("%v for %v", wc.Opcode, c.state), fmt.Errorf("completion status %v", wc.Status))
+		if st != transport.WCWRFlushErr || ch.st() == chLive {
+			ch.fail(fmt.Sprintf("RDMA transfer for %v", c.state), err)
 		}
 	}
-	if wc.ID&idLast == 0 {
+	switch c.state {
+	case csTables, csFetch:
+	case csSend:
+		return
+	default:
+		ch.log.Error("RDMA transfer completion for a context in state " + c.state.String())
 		return
 	}
 	ch.sqFree += c.sqUsed
 	c.sqUsed = 0
-	switch c.state {
-	case csTables:
-		if c.wrErr != transport.WCSuccess || ch.st() != chLive {
-			ch.withdrawDrop(c)
-		} else {
-			ch.afterTables(c)
-		}
-	case csFetch:
-		if c.wrErr != transport.WCSuccess || ch.st() != chLive {
-			ch.withdrawDrop(c)
-		} else {
-			ch.stats.bytesOut.Add(uint64(c.xferOut))
-			ch.ready(c)
-		}
-	case csSend:
-		ch.release(c)
+	ch.putBig(c)
+	switch {
+	case err != nil || ch.st() != chLive:
+		ch.withdrawDrop(c)
+	case c.state == csTables:
+		ch.afterTables(c)
 	default:
-		ch.log.Error("send completion for a context in state " + c.state.String())
+		ch.stats.bytesOut.Add(uint64(c.xferOut))
+		ch.ready(c)
 	}
 	ch.kickSQ()
 }
@@ -510,6 +571,7 @@ func (ch *channel) alloc(kind ctxKind, slot int) *ioCtx {
 
 // release frees a context and lets a parked IU use it.
 func (ch *channel) release(c *ioCtx) {
+	ch.putBig(c)
 	if c.slot >= 0 {
 		ch.repost(c.slot)
 		c.slot = -1
@@ -570,18 +632,17 @@ func (ch *channel) publishCredits() {
 
 // ---- send queue ----
 
-// postChain posts c.wrs[:c.nwr] (the last one signaled) and moves c to state next, or queues c
-// until the send queue has room. Posting is all-or-nothing; SQ slots are accounted here so
-// that a chain is never refused for lack of room.
+// postChain posts what c has prepared for state next — the RDMA READs of c.rw (csTables,
+// csFetch), or the SRP_RSP after the RDMA WRITEs of c.rw (csSend with c.withRW) or alone — or
+// queues c until the send queue has room for c.nwr work requests. The pool posts all-or-nothing
+// and reserves the slots of later READ waves at once; the channel accounts the slots itself
+// (conservatively: a chain's slots come back when it has completed) so that a chain is never
+// refused by the pool and the control SENDs always find their reserved slots.
 func (ch *channel) postChain(c *ioCtx, next cstate) {
-	n := c.nwr
-	for i := range c.wrs[:n] {
-		c.wrs[i].ID = idCtx | uint64(c.idx)
-		c.wrs[i].Flags &^= transport.SendSignaled
+	if ch.sqHead == nil && c.needBig {
+		ch.takeBig(c)
 	}
-	c.wrs[n-1].ID |= idLast
-	c.wrs[n-1].Flags |= transport.SendSignaled
-	if ch.sqHead != nil || ch.sqFree < n {
+	if ch.sqHead != nil || c.needBig || ch.sqFree < c.nwr {
 		c.state, c.next = csWaitSQ, next
 		if ch.sqTail != nil {
 			ch.sqTail.sqNextW = c
@@ -596,21 +657,35 @@ func (ch *channel) postChain(c *ioCtx, next cstate) {
 }
 
 func (ch *channel) doPost(c *ioCtx, next cstate) {
-	n := c.nwr
-	if err := ch.qp.PostSend(c.wrs[:n]); err != nil {
+	var err error
+	switch {
+	case next != csSend:
+		err = ch.pool.PostRW(c.rw, nil, c)
+	case c.withRW:
+		err = ch.pool.PostRW(c.rw, &c.sendWR[0], c)
+	default:
+		err = ch.pool.Post(&c.chain)
+	}
+	if err != nil {
 		c.state = csWaitSQ
 		c.next = next
 		ch.dropUnposted(c)
 		ch.fail("posting work requests", err)
 		return
 	}
-	ch.sqFree -= n
-	c.sqUsed = n
+	ch.sqFree -= c.nwr
+	c.sqUsed = c.nwr
 	c.state = next
 }
 
 func (ch *channel) kickSQ() {
-	for c := ch.sqHead; c != nil && ch.sqFree >= c.nwr && ch.st() == chLive; c = ch.sqHead {
+	for c := ch.sqHead; c != nil && ch.st() == chLive; c = ch.sqHead {
+		if c.needBig && !ch.takeBig(c) {
+			return
+		}
+		if ch.sqFree < c.nwr {
+			return
+		}
 		ch.sqHead = c.sqNextW
 		if ch.sqHead == nil {
 			ch.sqTail = nil
@@ -618,6 +693,61 @@ func (ch *channel) kickSQ() {
 		c.sqNextW = nil
 		ch.doPost(c, c.next)
 	}
+}
+
+// prepareRW initialises c's transfer (c.local, c.remote) in its own RW context; a transfer
+// that needs more work requests than that holds is marked needBig, to be initialised in a
+// large context when one is free (takeBig). extra is the work requests posted with it (the
+// SEND of a response). False if the transfer cannot be described at all.
+func (ch *channel) prepareRW(c *ioCtx, dir frpool.RWDir, extra int) bool {
+	c.rw = c.own
+	nwr, err := c.rw.Init(dir, c.local[:], c.remote)
+	switch {
+	case err == nil:
+		c.nwr = nwr + extra
+		return true
+	case errors.Is(err, frpool.ErrRWLength) && len(ch.bigRW)+ch.bigOut > 0:
+		c.needBig, c.nwr = true, extra
+		return true
+	}
+	ch.log.Error("preparing an RDMA transfer", zap.Error(err))
+	return false
+}
+
+// takeBig gives c a free large RW context and initialises its transfer in it; false if none
+// is free.
+func (ch *channel) takeBig(c *ioCtx) bool {
+	n := len(ch.bigRW)
+	if n == 0 {
+		return false
+	}
+	rw := ch.bigRW[n-1]
+	dir := frpool.RWRead
+	if c.withRW {
+		dir = frpool.RWWrite
+	}
+	nwr, err := rw.Init(dir, c.local[:], c.remote)
+	if err != nil { // cannot happen: large contexts hold maxWR work requests
+		ch.log.Error("preparing a large RDMA transfer", zap.Error(err))
+		return false
+	}
+	ch.bigRW = ch.bigRW[:n-1]
+	ch.bigOut++
+	c.rw, c.needBig = rw, false
+	c.nwr += nwr
+	ch.stats.bigRW.Add(1)
+	return true
+}
+
+// putBig gives back the large RW context c used, if any (its transfer is over or was never
+// posted).
+func (ch *channel) putBig(c *ioCtx) {
+	if c.rw != c.own {
+		ch.bigRW = append(ch.bigRW, c.rw)
+		ch.bigOut--
+		c.rw = c.own
+	}
+	c.needBig = false
 }
 
 // postCtl sends n bytes of control buffer i (one reserved SQ slot each).
@@ -628,8 +758,8 @@ func (ch *channel) postCtl(i, n int, solicited bool) bool {
 	if solicited {
 		fl |= transport.SendSolicited
 	}
-	ch.ctlWR[0] = transport.SendWR{ID: idCtl | idLast | uint64(i), Opcode: transport.WRSend, Flags: fl, SGL: ch.ctlSGE[:]}
-	if err := ch.qp.PostSend(ch.ctlWR[:]); err != nil {
+	ch.ctlWR[0] = transport.SendWR{ID: idCtl | uint64(i), Opcode: transport.WRSend, Flags: fl, SGL: ch.ctlSGE[:]}
+	if err := ch.pool.Post(&ch.ctlChain); err != nil {
 		ch.log.Debug("posting a control IU", zap.Error(err))
 		return false
 	}
@@ -693,6 +823,9 @@ func (ch *channel) destroy() {
 	if err := ch.qp.Close(); err != nil && !errors.Is(err, transport.ErrClosed) {
 		errs = append(errs, fmt.Errorf("QP: %w", err))
 	}
+	if err := ch.closePool(); err != nil {
+		errs = append(errs, fmt.Errorf("MR pool: %w", err))
+	}
 	if err := ch.cq.Close(); err != nil && !errors.Is(err, transport.ErrClosed) {
 		errs = append(errs, fmt.Errorf("CQ: %w", err))
 	}
@@ -704,6 +837,22 @@ func (ch *channel) destroy() {
 	ch.t.reapers.Add(1)
 	go ch.reap(busy, errs)
 	ch.t.channelGone(ch)
+}
+
+// closePool closes the channel's pool once its QP is closed (or never connected). After a
+// drain that timed out, work requests may still be outstanding in the pool's books: Recover
+// forgets them first (their RW contexts complete with an error, which rwDone ignores once the
+// channel is closed).
+func (ch *channel) closePool() error {
+	err := ch.pool.Close()
+	if errors.Is(err, frpool.ErrBusy) {
+		_ = ch.pool.Recover(nil)
+		err = ch.pool.Close()
+	}
+	if errors.Is(err, frpool.ErrClosed) {
+		err = nil
+	}
+	return err
 }
 
 // reap waits for the commands that were still executing at the drain deadline and releases

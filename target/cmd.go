@@ -5,6 +5,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/srpd/srpd/frpool"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
 	"github.com/srpd/srpd/transport"
@@ -164,11 +165,11 @@ func (ch *channel) setupDesc(c *ioCtx, d srp.DataBuf, s *descSet, ext *bool, tot
 }
 
 // fetchTables reads the external indirect descriptor tables from the initiator (RDMA READ into
-// the context's table buffer: data-out table first, then data-in).
+// the context's table buffer through its RW context: data-out table first, then data-in).
 func (ch *channel) fetchTables(c *ioCtx) {
 	ch.stats.extTables.Add(1)
 	off := 0
-	c.nwr = 0
+	c.remote = c.remote[:0]
 	for _, d := range [2]struct {
 		ext bool
 		b   srp.DataBuf
@@ -176,14 +177,22 @@ func (ch *channel) fetchTables(c *ioCtx) {
 		if !d.ext {
 			continue
 		}
-		n := int(d.b.Table.Len)
-		c.sges[c.nwr] = transport.SGE{Addr: c.extAddr + uint64(off), Length: uint32(n), LKey: ch.lkey}
-		c.wrs[c.nwr] = transport.SendWR{Opcode: transport.WRRDMARead, SGL: c.sges[c.nwr : c.nwr+1 : c.nwr+1],
-			RemoteAddr: d.b.Table.VA, RKey: d.b.Table.Key}
-		c.nwr++
-		off += n
+		c.remote = append(c.remote, frpool.RemoteSeg{Addr: d.b.Table.VA, RKey: d.b.Table.Key, Len: d.b.Table.Len})
+		off += int(d.b.Table.Len)
 	}
-	ch.postChain(c, csTables)
+	ch.postRead(c, c.extAddr, uint32(off), csTables)
+}
+
+// postRead prepares the RDMA READ of c.remote into n bytes of local memory at addr and posts it
+// (or queues it for send-queue room).
+func (ch *channel) postRead(c *ioCtx, addr uint64, n uint32, next cstate) {
+	c.local[0] = transport.SGE{Addr: addr, Length: n, LKey: ch.lkey}
+	c.withRW = false
+	if !ch.prepareRW(c, frpool.RWRead, 0) { // cannot happen: sized for MaxDescriptors, MaxTransfer
+		ch.failAdmitted(c, &senseNoResources)
+		return
+	}
+	ch.postChain(c, next)
 }
 
 // dataBuf re-reads a data buffer description from the command IU still in the receive buffer.
@@ -238,15 +247,8 @@ func (ch *channel) afterTables(c *ioCtx) {
 		ch.ready(c)
 		return
 	}
-	c.segs = c.out.segments(c.segs[:0], c.xferOut)
-	c.nwr = 0
-	for _, s := range c.segs {
-		c.sges[c.nwr] = transport.SGE{Addr: c.dataAddr + uint64(s.off), Length: s.n, LKey: ch.lkey}
-		c.wrs[c.nwr] = transport.SendWR{Opcode: transport.WRRDMARead, SGL: c.sges[c.nwr : c.nwr+1 : c.nwr+1],
-			RemoteAddr: s.va, RKey: s.key}
-		c.nwr++
-	}
-	ch.postChain(c, csFetch)
+	c.remote = c.out.segments(c.remote[:0], c.xferOut)
+	ch.postRead(c, c.dataAddr, c.xferOut, csFetch)
 }
 
 // failAdmitted answers an admitted command with CHECK CONDITION without executing it.
@@ -284,10 +286,10 @@ func (ch *channel) respondPre(c *ioCtx, st scsi.Status, s *scsi.Sense) {
 	ch.respondCmd(c)
 }
 
-// respondCmd sends the SRP_RSP of a command, after the RDMA WRITEs of its data-in, as one
-// all-or-nothing chain of which only the SEND is signaled (as ib_srpt posts it). The receive
-// buffer goes back to the receive queue first, so that the credit the response returns always
-// finds a buffer.
+// respondCmd sends the SRP_RSP of a command, after the RDMA WRITEs of its data-in (the
+// context's RW context, PostRW with the SEND chained), as one all-or-nothing chain of which
+// only the SEND is signaled (as ib_srpt posts it). The receive buffer goes back to the receive
+// queue first, so that the credit the response returns always finds a buffer.
 func (ch *channel) respondCmd(c *ioCtx) {
 	var st scsi.Status
 	var sense []byte
@@ -313,6 +315,13 @@ func (ch *channel) respondCmd(c *ioCtx) {
 	}
 	if st == scsi.StatusGood && !c.hasPre && r.xferIn > 0 && ch.view.isReadOnly(c.lun) {
 		markWriteProtected(c.cmd.CDB[0], c.data[:r.xferIn])
+	}
+	// The remote side of the data-in, before the receive buffer (which may hold the
+	// descriptor list) goes back to the receive queue.
+	c.withRW, c.nwr = r.xferIn > 0, 1
+	if c.withRW {
+		c.remote = c.in.segments(c.remote[:0], r.xferIn)
+		c.local[0] = transport.SGE{Addr: c.dataAddr, Length: r.xferIn, LKey: ch.lkey}
 	}
 	if c.slot >= 0 {
 		ch.repost(c.slot)
@@ -342,32 +351,29 @@ func (ch *channel) respondCmd(c *ioCtx) {
 		ch.release(c)
 		return
 	}
-	c.nwr = 0
-	if r.xferIn > 0 {
-		c.segs = c.in.segments(c.segs[:0], r.xferIn)
-		for _, s := range c.segs {
-			c.sges[c.nwr] = transport.SGE{Addr: c.dataAddr + uint64(s.off), Length: s.n, LKey: ch.lkey}
-			c.wrs[c.nwr] = transport.SendWR{Opcode: transport.WRRDMAWrite, SGL: c.sges[c.nwr : c.nwr+1 : c.nwr+1],
-				RemoteAddr: s.va, RKey: s.key}
-			c.nwr++
+	if c.withRW {
+		if !ch.prepareRW(c, frpool.RWWrite, 1) { // cannot happen: sized for MaxDescriptors, MaxTransfer
+			ch.release(c)
+			return
 		}
 		ch.stats.bytesIn.Add(uint64(r.xferIn))
 	}
-	ch.appendSend(c, n, sol != 0)
+	ch.prepareSend(c, n, sol != 0)
 	if st != scsi.StatusGood {
 		ch.stats.cmdErrors.Add(1)
 	}
 	ch.postChain(c, csSend)
 }
 
-func (ch *channel) appendSend(c *ioCtx, n int, solicited bool) {
-	c.sges[c.nwr] = transport.SGE{Addr: c.rspAddr, Length: uint32(n), LKey: ch.lkey}
-	var fl transport.SendFlags
+// prepareSend prepares the SEND of n bytes of c's response buffer, signaled: its completion
+// ends the request (onRspWC).
+func (ch *channel) prepareSend(c *ioCtx, n int, solicited bool) {
+	c.sendSGE[0] = transport.SGE{Addr: c.rspAddr, Length: uint32(n), LKey: ch.lkey}
+	fl := transport.SendSignaled
 	if solicited {
-		fl = transport.SendSolicited
+		fl |= transport.SendSolicited
 	}
-	c.wrs[c.nwr] = transport.SendWR{Opcode: transport.WRSend, Flags: fl, SGL: c.sges[c.nwr : c.nwr+1 : c.nwr+1]}
-	c.nwr++
+	c.sendWR[0] = transport.SendWR{ID: idCtx | uint64(c.idx), Opcode: transport.WRSend, Flags: fl, SGL: c.sendSGE[:]}
 }
 
 // markWriteProtected sets the WP bit of MODE SENSE data for a LUN the view maps read-only, so
@@ -489,7 +495,7 @@ func (ch *channel) respondTM(c *ioCtx, code srp.TMResponse) {
 	if code != srp.TMSuccess {
 		ch.stats.tmFailed.Add(1)
 	}
-	c.nwr = 0
-	ch.appendSend(c, n, sol != 0)
+	c.withRW, c.nwr = false, 1
+	ch.prepareSend(c, n, sol != 0)
 	ch.postChain(c, csSend)
 }

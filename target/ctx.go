@@ -3,6 +3,7 @@ package target
 import (
 	"sync/atomic"
 
+	"github.com/srpd/srpd/frpool"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
 	"github.com/srpd/srpd/transport"
@@ -25,7 +26,7 @@ const (
 	csFetch         // RDMA READ of data-out in flight
 	csExec          // in its LUN's queue or executing
 	csTM            // task management waiting for the commands it aborted
-	csWaitSQ        // work requests built, waiting for send-queue slots (then: next)
+	csWaitSQ        // transfer or response prepared, waiting for send-queue slots (then: next)
 	csSend          // response (after any RDMA WRITEs) posted
 )
 
@@ -91,15 +92,28 @@ type ioCtx struct {
 	rsp      []byte
 	rspAddr  uint64
 
-	// work requests
-	segs    []seg
-	wrs     []transport.SendWR
-	sges    []transport.SGE
-	nwr     int
-	sqUsed  int
-	wrErr   transport.WCStatus
-	sqNextW *ioCtx // send-queue wait FIFO
+	// data movement (preallocated at creation): an RW context moves the external tables, the
+	// data-out (RDMA READ) and the data-in (RDMA WRITE, the SRP_RSP chained after it). rw is
+	// the context's own (sized for rwSmall work requests) or, for a transfer needing more, one
+	// of the channel's large ones, borrowed from the post until the transfer has completed
+	// (needBig: prepared, waiting for one). remote and local hold the transfer prepared.
+	rw      *frpool.RWCtx
+	own     *frpool.RWCtx
+	needBig bool
+	remote  []frpool.RemoteSeg
+	local   [1]transport.SGE
+	sendWR  [1]transport.SendWR
+	sendSGE [1]transport.SGE
+	chain   frpool.Chain // the SRP_RSP alone (no data-in)
+	withRW  bool         // csSend: the SRP_RSP follows the RDMA WRITEs of rw
+	nwr     int          // send-queue slots the prepared post takes
+	sqUsed  int          // send-queue slots held by the post in flight
+	sqNextW *ioCtx       // send-queue wait FIFO
 }
+
+// RWDone implements frpool.RWOwner: the transfer of c.rw completed (or failed). The pool calls
+// it from HandleSendCompletion (or Recover), i.e. on the channel's loop goroutine.
+func (c *ioCtx) RWDone(_ *frpool.RWCtx, err error) { c.ch.rwDone(c, err) }
 
 // exec runs the command on a LUN worker.
 func (c *ioCtx) exec() {
@@ -138,5 +152,5 @@ func (c *ioCtx) reset(kind ctxKind, slot int) {
 	c.waiters = nil
 	c.tmWait.Store(0)
 	c.nwr, c.sqUsed = 0, 0
-	c.wrErr = transport.WCSuccess
+	c.withRW, c.needBig = false, false
 }

@@ -1,6 +1,7 @@
 package target
 
 import (
+	"github.com/srpd/srpd/frpool"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
 )
@@ -36,18 +37,11 @@ func (s *descSet) length() uint64 {
 	return s.list.TotalLen()
 }
 
-// seg is one RDMA transfer: n bytes between local offset off and the remote descriptor d.
-type seg struct {
-	off uint32
-	va  uint64
-	key uint32
-	n   uint32
-}
-
-// segments splits the first n bytes of the buffer that s describes into one transfer per
-// (non-empty) descriptor, at consecutive local offsets, and appends them to dst. The caller
-// guarantees n <= s.length().
-func (s *descSet) segments(dst []seg, n uint32) []seg {
+// segments appends the remote side of a transfer of the first n bytes of the buffer that s
+// describes to dst: one segment per non-empty descriptor, the last one trimmed. The local side
+// is the request's data buffer from offset 0 (the segments map consecutive local bytes). The
+// caller guarantees n <= s.length().
+func (s *descSet) segments(dst []frpool.RemoteSeg, n uint32) []frpool.RemoteSeg {
 	var off uint32
 	for i := 0; i < s.count() && off < n; i++ {
 		d := s.at(i)
@@ -55,7 +49,7 @@ func (s *descSet) segments(dst []seg, n uint32) []seg {
 			continue
 		}
 		k := min(d.Len, n-off)
-		dst = append(dst, seg{off: off, va: d.VA, key: d.Key, n: k})
+		dst = append(dst, frpool.RemoteSeg{Addr: d.VA, RKey: d.Key, Len: k})
 		off += k
 	}
 	return dst

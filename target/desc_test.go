@@ -3,6 +3,7 @@ package target
 import (
 	"testing"
 
+	"github.com/srpd/srpd/frpool"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
 )
@@ -64,7 +65,7 @@ func TestSegments(t *testing.T) {
 		t.Fatalf("length %d count %d", s.length(), s.count())
 	}
 	got := s.segments(nil, 450)
-	want := []seg{{0, 0x1000, 1, 100}, {100, 0x2000, 3, 300}, {400, 0x3000, 4, 50}}
+	want := []frpool.RemoteSeg{{Addr: 0x1000, RKey: 1, Len: 100}, {Addr: 0x2000, RKey: 3, Len: 300}, {Addr: 0x3000, RKey: 4, Len: 50}}
 	if len(got) != len(want) {
 		t.Fatalf("%+v", got)
 	}
@@ -74,14 +75,14 @@ func TestSegments(t *testing.T) {
 		}
 	}
 	got = s.segments(got[:0], 150) // trimmed to the transfer
-	if len(got) != 2 || got[1] != (seg{100, 0x2000, 3, 50}) {
+	if len(got) != 2 || got[1] != (frpool.RemoteSeg{Addr: 0x2000, RKey: 3, Len: 50}) {
 		t.Fatalf("trimmed: %+v", got)
 	}
 	if got = s.segments(got[:0], 0); len(got) != 0 {
 		t.Fatalf("zero: %+v", got)
 	}
 	d := descSet{isDirect: true, direct: srp.DirectDesc{VA: 7, Key: 8, Len: 9}}
-	if got = d.segments(nil, 9); len(got) != 1 || got[0] != (seg{0, 7, 8, 9}) || d.length() != 9 {
+	if got = d.segments(nil, 9); len(got) != 1 || got[0] != (frpool.RemoteSeg{Addr: 7, RKey: 8, Len: 9}) || d.length() != 9 {
 		t.Fatalf("direct: %+v", got)
 	}
 }

@@ -21,14 +21,19 @@
 // # A channel
 //
 // One goroutine per channel owns everything of it: it polls the channel's CQ, receives IUs,
-// keeps the credits, posts RDMA READ / RDMA WRITE / SEND work requests and answers; LUN workers
-// only execute commands and post an event back. Commands execute on per-LUN worker pools
-// (Limits.LUNWorkers goroutines per LUN at most, shared by every session, started on demand and
-// gone after 100 ms idle), so a slow LUN holds only its own workers; see lunQueue for the
-// dispatch order that keeps ORDERED task attributes deadlock free with bounded workers. Every
+// keeps the credits, posts RDMA READ / RDMA WRITE / SEND work requests (through frpool, see Data
+// mover) and answers; LUN workers only execute commands and post an event back. Commands
+// execute on per-LUN worker pools (Limits.LUNWorkers goroutines per LUN at most, shared by
+// every session, started on demand and gone after 100 ms idle), so a slow LUN holds only its
+// own workers; see lunQueue for the dispatch order that keeps ORDERED task attributes deadlock
+// free with bounded workers. Every
 // request slot (QueueDepth+1 of them) has its response buffer, external descriptor table buffer
 // and Limits.MaxTransfer bytes of data buffer in one memory area registered at login: nothing
-// is registered or allocated per I/O (BenchmarkCommandPath: 0 allocs/op).
+// is registered or allocated per I/O (BenchmarkCommandPath: 0 allocs/op). A channel's memory is
+// therefore (QueueDepth+1) × (MaxTransfer + MAX IT IU LEN + MAX TI IU LEN + the descriptor
+// table buffer) of registered memory — virtual until a request slot touches it, 131 MiB at
+// depth 128 with the defaults — plus about 1.5 MiB of Go heap at depth 128 (work requests and
+// descriptor scratch of the request slots, the pool's send-queue books).
 //
 // Command path: receive → credit → srp.ParseCmd (with the negotiated immediate-data offset) →
 // the view's ParseCDB (direction, length) → LUNSet.Admit in arrival order → RDMA READ of
@@ -71,11 +76,23 @@
 //
 // # Data mover
 //
-// RDMA READ and WRITE are posted directly: one work request per remote descriptor, from the
-// request slot's registered data buffer, only the last of a chain signaled; send-queue slots
-// are accounted by the channel so a chain is never refused (it waits in FIFO order instead).
-// frpool's RW contexts (frpool/rw.go) do the same with MR-free local memory and read waves
-// bounded by max_rd_atomic; the channel should move to them once that package settles
-// (postChain, fetchTables, afterTables and respondCmd are the only places that build RDMA work
-// requests).
+// Data moves through frpool's RW contexts (frpool/rw.go, in the spirit of Linux's rdma_rw_ctx):
+// each channel has one frpool.Pool bound to its QP, through which every send work request is
+// posted, and each request slot one preallocated frpool.RWCtx for up to 16 RDMA work requests (a
+// transfer needing more — more remote descriptors — borrows one of the channel's four large
+// contexts, sized for Limits.MaxDescriptors, and waits in send-queue order when none is free;
+// ChannelStats.BigTransfers counts them). The external tables and the data-out are RDMA READs of
+// the context (RWRead; the pool posts them in waves of at most max_rd_atomic and calls RWDone once
+// the last wave completed); data-in is RDMA WRITEs with the SRP_RSP SEND chained after them
+// (RWWrite with a response: one all-or-nothing post, only the SEND signaled); a response without
+// data-in and the control IUs are plain chains (Pool.Post). The local side is always the slot's
+// data buffer (or table buffer) in the channel's one registered memory area, given with its lkey,
+// so no MR is registered per I/O and the pool's own MR (it needs one) is never used. Send-queue
+// slots are accounted by the channel as well, conservatively (a chain's slots come back when it has
+// completed), so that the pool never refuses a chain and the control IUs always find their two
+// reserved slots: a chain that does not fit waits in FIFO order instead. Send completions go to
+// Pool.HandleSendCompletion, which gives back the completions of the target's SENDs (their own WR
+// IDs) and runs RWDone for the transfers; ChannelStats.RWTransfers counts the transfers the pool
+// completed. postRead and respondCmd (through prepareRW) are the only places that prepare RDMA
+// transfers, doPost the only one that posts them.
 package target

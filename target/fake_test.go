@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/srpd/srpd/frpool"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/scsi/backend"
 	"github.com/srpd/srpd/transport"
@@ -76,21 +77,26 @@ type fakePD struct{ d *fakeDev }
 func (p *fakePD) RegMR(addr, n uint64, a transport.Access) (transport.MR, error) {
 	return fakeMR{}, nil
 }
-func (p *fakePD) AllocFastRegMR(int) (transport.MR, error) { return nil, transport.ErrNotSupported }
+func (p *fakePD) AllocFastRegMR(int) (transport.MR, error) { return fakeMR{fastReg: true}, nil }
 func (p *fakePD) Close() error                             { return nil }
 func (p *fakePD) CreateQP(a transport.QPInitAttr) (transport.QP, error) {
 	return &fakeQP{d: p.d, cq: a.SendCQ.(*fakeCQ), cap: a.Cap}, nil
 }
 
-type fakeMR struct{}
+type fakeMR struct{ fastReg bool }
 
-func (fakeMR) Index() uint32           { return 1 }
-func (fakeMR) LKey() uint32            { return 0x100 }
-func (fakeMR) RKey() uint32            { return 0x100 }
-func (fakeMR) FastReg() bool           { return false }
-func (fakeMR) MaxPages() int           { return 0 }
-func (fakeMR) Query() transport.MRInfo { return transport.MRInfo{} }
-func (fakeMR) Close() error            { return nil }
+func (fakeMR) Index() uint32   { return 1 }
+func (fakeMR) LKey() uint32    { return 0x100 }
+func (fakeMR) RKey() uint32    { return 0x100 }
+func (m fakeMR) FastReg() bool { return m.fastReg }
+func (fakeMR) MaxPages() int   { return 1 }
+func (fakeMR) Close() error    { return nil }
+func (m fakeMR) Query() transport.MRInfo {
+	if m.fastReg {
+		return transport.MRInfo{State: transport.MRFree}
+	}
+	return transport.MRInfo{}
+}
 
 type fakeCQ struct {
 	mu     sync.Mutex
@@ -144,14 +150,27 @@ type fakeQP struct {
 	discard bool     // do not record SENDs
 	nSend   int      // send WRs posted
 	reads   int
+	writes  int
+	foreign int // send WRs posted without frpool.WRIDTag (not through the pool)
+	// peer is initiator memory by address: an RDMA READ of exactly such an address copies it
+	// (other READs fill the destination with a pattern of the remote address).
+	peer         map[uint64][]byte
+	maxRdAtomic  uint8 // what Query reports (0: 16)
+	maxReadBatch int   // most RDMA READs in one PostSend
 }
 
 func (q *fakeQP) QPN() uint32              { return 0x42 }
 func (q *fakeQP) State() transport.QPState { return q.state }
-func (q *fakeQP) Query() transport.QPAttr  { return transport.QPAttr{State: q.state} }
-func (q *fakeQP) SendQueueFree() int       { return q.cap.MaxSendWR }
-func (q *fakeQP) RecvQueueFree() int       { return q.cap.MaxRecvWR - len(q.recvs) }
-func (q *fakeQP) Close() error             { return nil }
+func (q *fakeQP) Query() transport.QPAttr {
+	rd := q.maxRdAtomic
+	if rd == 0 {
+		rd = 16
+	}
+	return transport.QPAttr{State: q.state, MaxRdAtomic: rd, Cap: q.cap}
+}
+func (q *fakeQP) SendQueueFree() int { return q.cap.MaxSendWR }
+func (q *fakeQP) RecvQueueFree() int { return q.cap.MaxRecvWR - len(q.recvs) }
+func (q *fakeQP) Close() error       { return nil }
 func (q *fakeQP) Modify(a *transport.QPAttr, m transport.QPAttrMask) error {
 	if m&transport.AttrState == 0 {
 		return nil
@@ -186,8 +205,12 @@ func (q *fakeQP) PostSend(wrs []transport.SendWR) error {
 	if q.state != transport.QPSRTS && q.state != transport.QPSErr {
 		return transport.ErrQPState
 	}
+	batch := 0
 	for _, w := range wrs {
 		q.nSend++
+		if w.ID&frpool.WRIDTag == 0 {
+			q.foreign++
+		}
 		if q.state == transport.QPSErr {
 			q.cq.push(transport.WC{ID: w.ID, Status: transport.WCWRFlushErr})
 			continue
@@ -195,12 +218,21 @@ func (q *fakeQP) PostSend(wrs []transport.SendWR) error {
 		switch w.Opcode {
 		case transport.WRRDMARead:
 			q.reads++
+			batch++
+			q.maxReadBatch = max(q.maxReadBatch, batch)
+			src := q.peer[w.RemoteAddr]
 			for _, s := range w.SGL {
 				b := q.d.bytesAt(s.Addr, s.Length)
+				if src != nil {
+					src = src[copy(b, src):]
+					continue
+				}
 				for i := range b {
 					b[i] = byte(w.RemoteAddr) + byte(i)
 				}
 			}
+		case transport.WRRDMAWrite:
+			q.writes++
 		case transport.WRSend:
 			if q.discard {
 				break

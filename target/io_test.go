@@ -19,6 +19,18 @@ func TestDescriptorFormats(t *testing.T) {
 	in.clearUA(0)
 	rng := rand.New(rand.NewPCG(5, 6))
 	lba := uint64(0)
+	// RDMA transfers the channel's RW contexts must have completed: one per data transfer
+	// (none for immediate data) and one per external table fetch.
+	var transfers uint64
+	count := func(m descMode) {
+		switch m {
+		case modeImmediate:
+		case modeExternal:
+			transfers += 2
+		default:
+			transfers++
+		}
+	}
 	for mode := descMode(0); mode < nModes; mode++ {
 		for _, blocks := range []uint32{1, 7, 16} {
 			for _, pieces := range []int{1, 3, 16} {
@@ -31,10 +43,12 @@ func TestDescriptorFormats(t *testing.T) {
 				w := &xfer{lun: 0, write: true, lba: lba, blocks: blocks, mode: mode}
 				in.issue(w, pieces, rng)
 				in.complete(w)
+				count(w.mode)
 				// Read back with another format.
 				r := &xfer{lun: 0, lba: lba, blocks: blocks, mode: (mode + 1) % modeImmediate}
 				in.issue(r, pieces+1, rng)
 				in.complete(r)
+				count(r.mode)
 				lba += uint64(blocks)
 				in.resetHeap()
 			}
@@ -43,6 +57,15 @@ func TestDescriptorFormats(t *testing.T) {
 	st := in.ch.Stats()
 	if st.ExtTables == 0 || st.ImmCommands == 0 || st.BadCommands != 0 || st.CmdErrors != 1 {
 		t.Fatalf("stats %+v", st)
+	}
+	// The last data-in transfer completes when the target has its SEND's completion, which
+	// may come after the initiator got the response.
+	for deadline := time.Now().Add(waitLong); st.RWTransfers < transfers && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+		st = in.ch.Stats()
+	}
+	if st.RWTransfers != transfers {
+		t.Fatalf("%d RW transfers, want %d", st.RWTransfers, transfers)
 	}
 }
 

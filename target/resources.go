@@ -4,7 +4,9 @@ import (
 	"fmt"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
+	"github.com/srpd/srpd/frpool"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
 	"github.com/srpd/srpd/transport"
@@ -12,8 +14,17 @@ import (
 
 func alignUp(n, a int) int { return (n + a - 1) / a * a }
 
+const (
+	// rwSmall is the work-request capacity of each request slot's own RW context.
+	rwSmall = 16
+	// rwBig is the number of large RW contexts per channel (for transfers with more remote
+	// descriptors than rwSmall); a transfer that finds none free waits, in send-queue order.
+	rwBig = 4
+)
+
 // newChannel creates a channel's resources on dev: a PD, one CQ for sends and receives, the QP
-// (moved to INIT), and one registered memory area holding the receive ring, the response
+// (moved to INIT), the frpool pool that posts on the QP's send queue (with one RW context per
+// request context), and one registered memory area holding the receive ring, the response
 // buffers, the external descriptor table buffers and the data buffers (QueueDepth+1 request
 // contexts, each with Limits.MaxTransfer bytes of data buffer). Nothing is allocated per I/O
 // afterwards. The receive ring is posted before return, so that the initiator may send as soon
@@ -25,11 +36,29 @@ func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *Logi
 	nRecv := depth + 1 // +1: responses to target requests (SRP_CRED_RSP) consume no credit
 	nCtx := depth + 1  // +1: an overrunning request gets answered without waiting
 	maxDesc := lim.MaxDescriptors
-	sqCap := 2*nCtx + maxDesc + 2 // +2: the control buffers (T_LOGOUT, CRED_REQ)
+	// RDMA work requests of one transfer: one per remote descriptor, plus the splits of
+	// descriptors longer than the device's largest message.
+	maxMsg := uint64(1) << 31
+	if attr.MaxMsgSize > 0 && attr.MaxMsgSize < maxMsg {
+		maxMsg = attr.MaxMsgSize
+	}
+	maxWR := maxDesc + int((uint64(lim.MaxTransfer)+maxMsg-1)/maxMsg)
+	// Each request slot has an RW context for rwSmall work requests; transfers needing more
+	// (up to maxWR) borrow one of nBig large ones. Sizing every slot for maxWR would cost
+	// (QueueDepth+1) × maxWR work requests per channel (5 MiB at depth 128 and 256
+	// descriptors), for transfers that are rare (ib_srp sends at most cmd_sg_entries = 12
+	// descriptors in the IU, our initiator one per MB of data).
+	smallWR, nBig := min(maxWR, rwSmall), 0
+	if maxWR > smallWR {
+		nBig = min(rwBig, nCtx)
+	}
+	// Send queue: room for two posts per context and one maximal transfer, +3: the control
+	// buffers (T_LOGOUT, CRED_REQ) and frpool's sentinel slot.
+	sqCap := 2*nCtx + maxWR + 3
 	if attr.MaxQPWR > 0 && sqCap > attr.MaxQPWR {
 		sqCap = attr.MaxQPWR
 	}
-	if sqCap < maxDesc+1+2 || (attr.MaxQPWR > 0 && nRecv > attr.MaxQPWR) {
+	if sqCap < maxWR+1+3 || (attr.MaxQPWR > 0 && nRecv > attr.MaxQPWR) {
 		return nil, fmt.Errorf("target: device %s: max_qp_wr %d too small for %d descriptors and queue depth %d: %w",
 			dev.Name(), attr.MaxQPWR, maxDesc, depth, transport.ErrNoResources)
 	}
@@ -53,7 +82,7 @@ func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *Logi
 		queues:  make(map[*scsi.LUN]*lunQueue),
 		cr:      newCredits(depth),
 		sqCap:   sqCap,
-		sqFree:  sqCap - 2,
+		sqFree:  sqCap - 3,
 		events:  make(chan event, nCtx+1),
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
@@ -104,6 +133,16 @@ func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *Logi
 		return nil, fmt.Errorf("target: QP: %w", err)
 	}
 	cleanup = append(cleanup, func() { _ = ch.qp.Close() })
+	// The pool posts everything on the send queue; the target uses only its RW contexts (one
+	// MR because the pool wants at least one; it is never registered). Its QP-error warnings
+	// are the channel's own (fail), so it logs errors only.
+	if ch.pool, err = frpool.New(frpool.Config{
+		Attr: attr, PD: ch.pd, QP: ch.qp, MaxPages: 1, NumMRs: 1, SQDepth: sqCap,
+		Logger: errorsOnly(s.log),
+	}); err != nil {
+		return nil, fmt.Errorf("target: MR pool: %w", err)
+	}
+	cleanup = append(cleanup, func() { ch.closePool() })
 	if ch.mem, err = dev.AllocMemory(total); err != nil {
 		return nil, fmt.Errorf("target: %d bytes of memory: %w", total, err)
 	}
@@ -116,7 +155,6 @@ func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *Logi
 
 	mem := ch.mem.Bytes()
 	base := ch.mem.Addr()
-	maxWR := maxDesc + 1
 	ch.ctxs = make([]*ioCtx, nCtx)
 	ch.free = make([]*ioCtx, 0, nCtx)
 	for i := range ch.ctxs {
@@ -127,9 +165,11 @@ func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *Logi
 		c.rsp, c.rspAddr = mem[ro:ro+tiLen:ro+tiLen], base+uint64(ro)
 		eo := extBase + i*extStride
 		c.ext, c.extAddr = mem[eo:eo+extStride:eo+extStride], base+uint64(eo)
-		c.segs = make([]seg, 0, maxDesc)
-		c.wrs = make([]transport.SendWR, maxWR)
-		c.sges = make([]transport.SGE, maxWR)
+		c.remote = make([]frpool.RemoteSeg, 0, maxDesc)
+		c.own = ch.pool.NewRWCtx(smallWR, smallWR)
+		c.rw = c.own
+		c.sendWR[0].SGL = c.sendSGE[:]
+		c.chain.WRs = c.sendWR[:]
 		ch.ctxs[i] = c
 		ch.free = append(ch.free, c)
 	}
@@ -137,6 +177,12 @@ func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *Logi
 		o := ctlBase + i*rspStride
 		ch.ctl[i] = ctlBuf{buf: mem[o : o+tiLen : o+tiLen], addr: base + uint64(o)}
 	}
+	ch.bigRW = make([]*frpool.RWCtx, nBig)
+	for i := range ch.bigRW {
+		ch.bigRW[i] = ch.pool.NewRWCtx(maxWR, maxWR)
+	}
+	ch.ctlWR[0].SGL = ch.ctlSGE[:]
+	ch.ctlChain.WRs = ch.ctlWR[:]
 
 	if err = ch.qp.Modify(&transport.QPAttr{State: transport.QPSInit, Port: 1},
 		transport.AttrState|transport.AttrPKeyIndex|transport.AttrPort|transport.AttrAccessFlags); err != nil {
@@ -151,4 +197,12 @@ func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *Logi
 	t.stats.mrs.Add(1)
 	t.stats.memBytes.Add(int64(ch.mem.Len()))
 	return ch, nil
+}
+
+// errorsOnly is log without its levels below Error.
+func errorsOnly(log *zap.Logger) *zap.Logger {
+	if !log.Core().Enabled(zapcore.ErrorLevel) {
+		return log // IncreaseLevel would complain
+	}
+	return log.WithOptions(zap.IncreaseLevel(zapcore.ErrorLevel))
 }

@@ -43,12 +43,18 @@ type ChannelStats struct {
 	BadIUs       uint64 // IUs that caused a T_LOGOUT
 	Errors       uint64 // transport errors
 	CreditsGiven uint64 // credits returned after the login's
+	// RWTransfers counts the RDMA transfers (external tables, data-out, data-in) that the
+	// channel's frpool RW contexts completed; BigTransfers those that needed more work requests
+	// than a request slot's own RW context holds (rwSmall) and borrowed a large one.
+	RWTransfers  uint64
+	BigTransfers uint64
 }
 
 type chanCounters struct {
 	ius, commands, cmdErrors, badCmds, immCmds, extTables       atomic.Uint64
 	taskMgmt, tmFailed, tmAborted, lunResets, aborted, overruns atomic.Uint64
 	parked, dropped, sqWaits, bytesIn, bytesOut, credReqs       atomic.Uint64
+	bigRW                                                       atomic.Uint64
 	tlogouts, ilogouts, badIUs, errors                          atomic.Uint64
 	reqLim, pending                                             atomic.Int64
 	returned                                                    atomic.Uint64
@@ -68,6 +74,7 @@ func (ch *channel) snapshot() ChannelStats {
 		BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load(), CredReqs: c.credReqs.Load(),
 		TLogouts: c.tlogouts.Load(), ILogouts: c.ilogouts.Load(), BadIUs: c.badIUs.Load(),
 		Errors: c.errors.Load(), CreditsGiven: c.returned.Load(),
+		RWTransfers: ch.pool.Stats().RWTransfers, BigTransfers: c.bigRW.Load(),
 	}
 }
 

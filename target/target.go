@@ -217,6 +217,7 @@ func (p *PendingChannel) abort() {
 		t.mu.Unlock()
 		ch.state.Store(uint32(chClosed))
 		_ = ch.qp.Close()
+		_ = ch.closePool()
 		_ = ch.cq.Close()
 		ch.why = "login aborted"
 		ch.releaseMemory(nil)

@@ -1,0 +1,273 @@
+#!/usr/bin/env bash
+# make bench: srpd's NBD export of a remote LUN against qemu-nbd and nbdkit, and the target's
+# memory with 1 and 64 sessions.
+#
+# Section "nbd": three NBD servers of the same size, each on its own unix socket in a private
+# directory on tmpfs, filled with the same random data:
+#   ours      bench/cmd/srpbench: an SRP target process (RAM LUN) and an SRP initiator process
+#             that logs in to it over softroce (RoCEv2 over UDP loopback, RDMA CM, 2 channels)
+#             and serves LUN 0 with package initiator/nbd, as srpd would;
+#   qemu-nbd  a raw file on /dev/shm (--cache=none --aio=threads);
+#   nbdkit    the memory plugin.
+# The same fio jobs (nbd engine) run against each in turn: 128 KiB sequential read and write
+# and 4 KiB random read, at queue depth 32 and 1. The table gives MiB/s or IOPS, the mean and
+# p99 completion latency of 4 KiB random reads at QD 1, and the ratios ours/qemu-nbd and
+# ours/nbdkit (for latency: ours/other, lower is better).
+#
+# Section "mem": a target process with queue depth 128; `srpbench mem` logs in S sessions of 2
+# channels each, fills the LUN, warms up (every channel at its full queue depth with the
+# largest I/O size of the mix), then runs random I/O (4-64 KiB, reads and writes): N = MEM_IOS
+# I/Os, then 9N more. It prints the target's VmRSS (/proc/PID/status) before the logins, after
+# them (and the fill), after the warm-up, after N and after 10N I/Os, with the memory the target
+# registered per channel (the bound of what the request slots can touch: queue depth + 1 slots
+# of data buffer, IU buffers and descriptor tables). Once for each S in MEM_SESSIONS, each time
+# with a fresh target process.
+#
+#   bench/bench.sh                # both sections (make bench)
+#   bench/bench.sh nbd            # make bench-nbd
+#   bench/bench.sh mem            # make bench-mem
+#   RUNTIME=5 SIZE=256m bench/bench.sh nbd
+#   PROFILE=1 bench/bench.sh nbd  # CPU profiles of our two processes, top functions printed
+#
+# Environment: RUNTIME (s per fio job, 10), RAMP (s, 1), SIZE (export size, 1g), QDS ("32 1"),
+# CHANNELS (2), INI_QD (initiator queue depth per channel, 64), OURS_GOMAXPROCS (GOMAXPROCS of
+# our two processes; default: the Go default, the number of CPUs), PROFILE, PROFILE_DIR (where to
+# keep the profiles; default: the work directory, removed at exit), MEM_SESSIONS ("1 64"),
+# MEM_QD (128), MEM_IOS (N, 20000), MEM_LUN (64m), MEM_SIZES ("4k,4k,16k,64k"), MEM_WORKERS
+# (I/O goroutines per session, 0: channels × qd / 2).
+# Needs: go, fio, qemu-nbd (qemu-utils), nbdkit, nbdcopy and nbdinfo (libnbd-bin), jq, openssl.
+# Only the processes this script starts are stopped, by PID; every wait is bounded.
+set -euo pipefail
+
+RUNTIME=${RUNTIME:-10}
+RAMP=${RAMP:-1}
+SIZE=${SIZE:-1g}
+QDS=${QDS:-"32 1"}
+CHANNELS=${CHANNELS:-2}
+INI_QD=${INI_QD:-64}
+OURS_GOMAXPROCS=${OURS_GOMAXPROCS:-}
+PROFILE=${PROFILE:-}
+MEM_SESSIONS=${MEM_SESSIONS:-"1 64"}
+MEM_QD=${MEM_QD:-128}
+MEM_IOS=${MEM_IOS:-20000}
+MEM_LUN=${MEM_LUN:-64m}
+MEM_SIZES=${MEM_SIZES:-4k,4k,16k,64k}
+MEM_WORKERS=${MEM_WORKERS:-0}
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+sections=("$@")
+[[ ${#sections[@]} -gt 0 ]] || sections=(nbd mem)
+for s in "${sections[@]}"; do
+  [[ $s == nbd || $s == mem ]] || { echo "bench.sh: unknown section $s (nbd, mem)" >&2; exit 2; }
+done
+want() { local s; for s in "${sections[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
+
+tools=(go jq)
+want nbd && tools+=(fio qemu-nbd nbdkit nbdcopy nbdinfo openssl)
+for tool in "${tools[@]}"; do
+  command -v "$tool" >/dev/null || { echo "bench.sh: $tool not found" >&2; exit 1; }
+done
+
+work=$(mktemp -d /dev/shm/srpbench.XXXXXX)
+pids=()
+# stop PID...: SIGTERM, then wait (bounded: 15 s) and SIGKILL what is left. Only PIDs this
+# script started are ever passed here.
+stop() {
+  local p n
+  for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "$@"; do
+    for n in $(seq 150); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$p" 2>/dev/null; then
+      echo "bench.sh: process $p did not stop in 15 s; killing it" >&2
+      kill -KILL "$p" 2>/dev/null || true
+    fi
+    wait "$p" 2>/dev/null || true
+  done
+}
+forget() { # PID...: drop from the cleanup list
+  local p q keep=()
+  for q in "${pids[@]}"; do
+    for p in "$@"; do [[ $q == "$p" ]] && continue 2; done
+    keep+=("$q")
+  done
+  pids=("${keep[@]}")
+}
+cleanup() {
+  [[ ${#pids[@]} -gt 0 ]] && stop "${pids[@]}"
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# wait_file FILE WHAT PID: wait (bounded: 60 s) for FILE, failing early if PID died.
+wait_file() {
+  local n
+  for n in $(seq 600); do
+    [[ -s $1 ]] && return 0
+    kill -0 "$3" 2>/dev/null || { echo "bench.sh: $2 exited; its log:" >&2; cat "$work/$2.log" >&2 || true; exit 1; }
+    sleep 0.1
+  done
+  echo "bench.sh: $2 did not come up in 60 s" >&2
+  exit 1
+}
+wait_nbd() { # URI
+  local n
+  for n in $(seq 300); do
+    nbdinfo --can connect "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "bench.sh: NBD server at $1 did not come up" >&2
+  exit 1
+}
+
+echo "== building bench/cmd/srpbench"
+(cd "$root" && go build -o "$work/srpbench" ./bench/cmd/srpbench)
+bin=$work/srpbench
+pdir=${PROFILE_DIR:-$work}
+
+# start_target NAME ARGS...: start a target process; sets tpid and tudp.
+start_target() {
+  local name=$1; shift
+  rm -f "$work/$name.ready"
+  env ${OURS_GOMAXPROCS:+GOMAXPROCS=$OURS_GOMAXPROCS} "$bin" target -ready "$work/$name.ready" "$@" >"$work/$name.log" 2>&1 &
+  tpid=$!
+  pids+=("$tpid")
+  wait_file "$work/$name.ready" "$name" "$tpid"
+  tudp=$(sed -n 's/.*udp=\([^ ]*\).*/\1/p' "$work/$name.ready")
+}
+
+# ---------------------------------------------------------------------------------------------
+nbd_section() {
+  local bytes uri name rw bs qd dir s out j
+  bytes=$(numfmt --from=iec "${SIZE^^}")
+  echo "== image: $SIZE of random data in $work (tmpfs)"
+  openssl rand -out "$work/img.raw" "$bytes"
+
+  local tprof=() iprof=()
+  if [[ -n $PROFILE ]]; then
+    mkdir -p "$pdir"
+    tprof=(-cpuprofile "$pdir/target.cpu.pprof")
+    iprof=(-cpuprofile "$pdir/initiator.cpu.pprof")
+  fi
+  echo "== starting ours: SRP target process, SRP initiator + NBD process ($CHANNELS channels, QD $INI_QD${OURS_GOMAXPROCS:+, GOMAXPROCS $OURS_GOMAXPROCS})"
+  start_target target -lun-size "$SIZE" -qd 128 "${tprof[@]}"
+  local target_pid=$tpid
+  env ${OURS_GOMAXPROCS:+GOMAXPROCS=$OURS_GOMAXPROCS} "$bin" nbd -target "$tudp" -socket "$work/ours.sock" -ready "$work/nbd.ready" \
+    -channels "$CHANNELS" -qd "$INI_QD" "${iprof[@]}" >"$work/nbd.log" 2>&1 &
+  local nbd_pid=$!
+  pids+=("$nbd_pid")
+  wait_file "$work/nbd.ready" nbd "$nbd_pid"
+  qemu-nbd -k "$work/qemu.sock" -x disk -f raw -t --cache=none --aio=threads "$work/img.raw" >"$work/qemu.log" 2>&1 &
+  pids+=($!)
+  nbdkit -f -U "$work/nbdkit.sock" -e disk -t 4 memory "$bytes" >"$work/nbdkit.log" 2>&1 &
+  pids+=($!)
+
+  declare -A uri=(
+    [ours]="nbd+unix:///disk?socket=$work/ours.sock"
+    [qemu-nbd]="nbd+unix:///disk?socket=$work/qemu.sock"
+    [nbdkit]="nbd+unix:///disk?socket=$work/nbdkit.sock"
+  )
+  local servers=(ours qemu-nbd nbdkit)
+  for s in "${servers[@]}"; do wait_nbd "${uri[$s]}"; done
+  echo "== filling ours and nbdkit from the image (nbdcopy)"
+  for s in ours nbdkit; do timeout 600 nbdcopy --flush "$work/img.raw" "${uri[$s]}"; done
+
+  # name rw bs qd unit
+  local jobs=()
+  for qd in $QDS; do
+    jobs+=("seqread-128k-qd$qd read 128k $qd MiB/s" "seqwrite-128k-qd$qd write 128k $qd MiB/s" "randread-4k-qd$qd randread 4k $qd IOPS")
+  done
+  declare -A val lat p99
+  local unit
+  for j in "${jobs[@]}"; do
+    read -r name rw bs qd unit <<<"$j"
+    dir=read; [[ $rw == *write* ]] && dir=write
+    for s in "${servers[@]}"; do
+      out="$work/$name.$s.json"
+      timeout $((RUNTIME + RAMP + 60)) fio --name="$name" --ioengine=nbd --uri="${uri[$s]}" --rw="$rw" --bs="$bs" \
+        --iodepth="$qd" --size="$SIZE" --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" \
+        --output-format=json --output="$out" >/dev/null
+      if [[ $unit == IOPS ]]; then
+        val[$name.$s]=$(jq -r ".jobs[0].$dir.iops" "$out")
+      else
+        val[$name.$s]=$(jq -r ".jobs[0].$dir.bw_bytes / 1048576" "$out")
+      fi
+      lat[$name.$s]=$(jq -r ".jobs[0].$dir.lat_ns.mean / 1000" "$out")
+      p99[$name.$s]=$(jq -r ".jobs[0].$dir.clat_ns.percentile[\"99.000000\"] / 1000" "$out")
+      printf '%-20s %-9s %10.1f %-5s  mean %9.1f us  p99 %9.1f us\n' "$name" "$s" "${val[$name.$s]}" "$unit" \
+        "${lat[$name.$s]}" "${p99[$name.$s]}"
+    done
+  done
+
+  ratio() { jq -n "if $2 == 0 then 0 else $1 / $2 end"; }
+  echo
+  echo "== NBD summary: fio nbd engine, unix sockets, ${RUNTIME}s per job, export $SIZE, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  printf '%-20s %-6s | %10s %10s %10s | %10s %10s\n' job unit ours qemu-nbd nbdkit ours/qemu ours/nbdkit
+  for j in "${jobs[@]}"; do
+    read -r name _ _ _ unit <<<"$j"
+    printf '%-20s %-6s | %10.1f %10.1f %10.1f | %10.2f %10.2f\n' "$name" "$unit" \
+      "${val[$name.ours]}" "${val[$name.qemu-nbd]}" "${val[$name.nbdkit]}" \
+      "$(ratio "${val[$name.ours]}" "${val[$name.qemu-nbd]}")" "$(ratio "${val[$name.ours]}" "${val[$name.nbdkit]}")"
+  done
+  for qd in $QDS; do
+    name=randread-4k-qd$qd
+    printf '%-20s %-6s | %10.1f %10.1f %10.1f | %10.2f %10.2f   (lower is better)\n' "$name" "us avg" \
+      "${lat[$name.ours]}" "${lat[$name.qemu-nbd]}" "${lat[$name.nbdkit]}" \
+      "$(ratio "${lat[$name.ours]}" "${lat[$name.qemu-nbd]}")" "$(ratio "${lat[$name.ours]}" "${lat[$name.nbdkit]}")"
+    printf '%-20s %-6s | %10.1f %10.1f %10.1f | %10.2f %10.2f   (lower is better)\n' "$name" "us p99" \
+      "${p99[$name.ours]}" "${p99[$name.qemu-nbd]}" "${p99[$name.nbdkit]}" \
+      "$(ratio "${p99[$name.ours]}" "${p99[$name.qemu-nbd]}")" "$(ratio "${p99[$name.ours]}" "${p99[$name.nbdkit]}")"
+  done
+
+  local rest=()
+  for s in "${pids[@]}"; do [[ $s == "$nbd_pid" || $s == "$target_pid" ]] || rest+=("$s"); done
+  stop "$nbd_pid" "$target_pid" "${rest[@]}"
+  forget "$nbd_pid" "$target_pid" "${rest[@]}"
+  if [[ -n $PROFILE ]]; then
+    for p in target initiator; do
+      echo
+      echo "== CPU profile of the $p process ($pdir/$p.cpu.pprof), covering the fill and every job of ours"
+      (cd "$root" && go tool pprof -top -nodecount=30 "$pdir/$p.cpu.pprof" 2>/dev/null | sed -n '1,40p') || true
+    done
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------
+mem_section() {
+  local n lines=()
+  echo
+  echo "== target memory: sessions of $CHANNELS channels at queue depth $MEM_QD, RAM LUN $MEM_LUN, N = $MEM_IOS I/Os ($MEM_SIZES)"
+  for n in $MEM_SESSIONS; do
+    start_target "mem$n" -lun-size "$MEM_LUN" -qd "$MEM_QD" -stats-socket "$work/mem$n.stats"
+    local out
+    if ! out=$(timeout 1200 "$bin" mem -target "$tudp" -pid "$tpid" -stats-socket "$work/mem$n.stats" \
+      -sessions "$n" -channels "$CHANNELS" -qd "$MEM_QD" -ios "$MEM_IOS" -sizes "$MEM_SIZES" \
+      -workers "$MEM_WORKERS" -label "mem$n" 2>"$work/mem$n.driver.log"); then
+      echo "bench.sh: srpbench mem with $n sessions failed:" >&2
+      cat "$work/mem$n.driver.log" >&2
+      exit 1
+    fi
+    echo "$out"
+    lines+=("$out")
+    stop "$tpid"
+    forget "$tpid"
+  done
+  echo
+  echo "== target memory summary (KiB; registered = the target's channel memory, the bound of what request slots can touch)"
+  printf '%-8s %-8s | %12s %12s %12s %12s %12s %12s | %12s %12s\n' sessions channels before-login after-login \
+    after-warmup after-N after-10N VmHWM registered registered/ch
+  local o
+  for o in "${lines[@]}"; do
+    get() { grep " phase=$1 " <<<"$o" | sed -n "s/.* $2=\([0-9]*\).*/\1/p"; }
+    printf '%-8s %-8s | %12s %12s %12s %12s %12s %12s | %12s %12s\n' \
+      "$(get after-10N sessions)" "$(get after-10N channels)" "$(get before-login vmrss_kib)" \
+      "$(get after-login+fill vmrss_kib)" "$(get after-warmup vmrss_kib)" "$(get after-N vmrss_kib)" \
+      "$(get after-10N vmrss_kib)" "$(get after-10N vmhwm_kib)" "$(get after-10N registered_kib)" \
+      "$(get after-10N registered_per_channel_kib)"
+  done
+}
+
+want nbd && nbd_section
+want mem && mem_section
+exit 0

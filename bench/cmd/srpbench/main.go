@@ -1,0 +1,665 @@
+// Command srpbench is the helper program of bench/bench.sh (make bench): the SRP target and the
+// SRP initiator with its NBD export as two processes over softroce on UDP loopback, and a
+// memory probe that logs many sessions in to a target process and reads its resident size.
+//
+//	srpbench target -ready FILE [-stats-socket PATH] [-lun-size 1G] [-qd 128] [-cpuprofile F]
+//	    An SRP target with one RAM LUN on a softroce device bound to 127.0.0.1 (ephemeral UDP
+//	    port). Once it listens it writes "udp=127.0.0.1:PORT pid=PID" to FILE. With
+//	    -stats-socket, every connection to that unix socket gets one JSON line: the process'
+//	    VmRSS/VmHWM, Go runtime memory and the target's statistics.
+//	srpbench nbd -target 127.0.0.1:PORT -socket PATH [-export disk] [-channels 2] [-qd 64]
+//	    An SRP initiator session with the target (RDMA CM over softroce) whose LUN 0 is served
+//	    as an NBD export on a unix socket (package initiator/nbd), as srpd would.
+//	srpbench mem -target 127.0.0.1:PORT -pid PID -stats-socket PATH [-sessions 64] [-channels 2]
+//	    Logs in -sessions sessions of -channels channels at queue depth -qd, fills the LUN, then
+//	    runs random I/O and prints the target process' VmRSS (from /proc/PID/status) after the
+//	    logins, after N and after 10N I/Os.
+//
+// Every mode runs until its work is done or SIGINT/SIGTERM, bounds every wait, starts no
+// process and signals none, and uses loopback addresses and unix sockets only.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/srpd/srpd/initiator"
+	"github.com/srpd/srpd/initiator/nbd"
+	"github.com/srpd/srpd/internal/logging"
+	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/scsi/backend"
+	"github.com/srpd/srpd/srp"
+	"github.com/srpd/srpd/target"
+	"github.com/srpd/srpd/transport/softroce"
+	"github.com/srpd/srpd/transport/softroce/link"
+)
+
+const (
+	defaultPortID = "53525042454e434853525042454e4348" // "SRPBENCH" twice
+	cmPort        = 5555
+	closeTimeout  = 10 * time.Second
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: srpbench target|nbd|mem [flags]")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	var err error
+	switch os.Args[1] {
+	case "target":
+		err = runTarget(ctx, os.Args[2:])
+	case "nbd":
+		err = runNBD(ctx, os.Args[2:])
+	case "mem":
+		err = runMem(ctx, os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown mode %q", os.Args[1])
+	}
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintf(os.Stderr, "srpbench %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
+
+// parseSize parses 512, 64k, 16M, 1G (binary units).
+func parseSize(s string) (int64, error) {
+	mult := int64(1)
+	if s == "" {
+		return 0, errors.New("empty size")
+	}
+	switch strings.ToUpper(s[len(s)-1:]) {
+	case "K":
+		mult = 1 << 10
+	case "M":
+		mult = 1 << 20
+	case "G":
+		mult = 1 << 30
+	}
+	if mult != 1 {
+		s = s[:len(s)-1]
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("size %q", s)
+	}
+	return n * mult, nil
+}
+
+// startProfile starts a CPU profile into path ("" : none) and returns its stop function.
+func startProfile(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
+}
+
+// writeHeapProfile writes the heap profile (with allocations since the start) to path.
+func writeHeapProfile(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+}
+
+// writeReady writes s to path atomically (the script polls for the file).
+func writeReady(path, s string) error {
+	if path == "" {
+		return nil
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(s+"\n"), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// openDevice opens a softroce device on addr with an ephemeral UDP port.
+func openDevice(ctx context.Context, name string, addr netip.Addr, maxMR int, log *zap.Logger) (*softroce.Device, netip.AddrPort, error) {
+	lnk, err := link.ListenUDP(ctx, netip.AddrPortFrom(addr, 0), link.UDPOptions{})
+	if err != nil {
+		return nil, netip.AddrPort{}, err
+	}
+	dev, err := softroce.Open(softroce.Config{Name: name, Link: lnk, Logger: log, MaxMR: maxMR, MaxQP: 4096})
+	if err != nil {
+		_ = lnk.Close()
+		return nil, netip.AddrPort{}, err
+	}
+	return dev, lnk.LocalAddrPort(), nil
+}
+
+func closeDevice(dev *softroce.Device) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = dev.Close(ctx)
+}
+
+func loopback(a netip.Addr) error {
+	if !a.IsLoopback() {
+		return fmt.Errorf("%v is not a loopback address", a)
+	}
+	return nil
+}
+
+// ---- target ----
+
+func runTarget(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("target", flag.ContinueOnError)
+	addrS := fs.String("addr", "127.0.0.1", "loopback address to bind the RoCEv2 UDP socket on")
+	ready := fs.String("ready", "", "file to write \"udp=ADDR:PORT pid=PID\" to once listening")
+	statsSock := fs.String("stats-socket", "", "unix socket answering each connection with a JSON line of memory figures and statistics")
+	sizeS := fs.String("lun-size", "1G", "size of the RAM LUN 0")
+	bs := fs.Int("block-size", 512, "logical block size")
+	qd := fs.Int("qd", 128, "queue depth granted per channel (target.Limits.QueueDepth)")
+	maxXfer := fs.Int("max-transfer", 0, "data buffer per request slot in bytes (0: target default, 1 MiB)")
+	portID := fs.String("port-id", defaultPortID, "SRP target port identifier (32 hex digits)")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here until shutdown")
+	memprofile := fs.String("memprofile", "", "write a heap profile (allocations since start) here at shutdown")
+	verbose := fs.Bool("v", false, "info logs (default: warnings only)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *memprofile != "" {
+		defer writeHeapProfile(*memprofile)
+	}
+	addr, err := netip.ParseAddr(*addrS)
+	if err != nil {
+		return err
+	}
+	if err := loopback(addr); err != nil {
+		return err
+	}
+	size, err := parseSize(*sizeS)
+	if err != nil {
+		return err
+	}
+	pid, err := srp.ParsePortID(*portID)
+	if err != nil {
+		return err
+	}
+	log := newLog(*verbose)
+	stopProf, err := startProfile(*cpuprofile)
+	if err != nil {
+		return err
+	}
+	defer stopProf()
+
+	ram, err := backend.NewRAM(size, false)
+	if err != nil {
+		return err
+	}
+	lun, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: *bs, Product: "srpbench RAM", Serial: "srpbench-0"}, ram)
+	if err != nil {
+		return err
+	}
+	defer lun.Close()
+	tgt, err := target.New(target.Config{
+		Name: "srpbench", PortID: pid, Logger: log.Named("target"),
+		Limits:     target.Limits{QueueDepth: *qd, MaxTransfer: *maxXfer, MaxChannels: 4},
+		DefaultACL: &target.ACL{Name: "any", LUNs: []target.LUNMapping{{Number: 0, LUN: lun}}},
+	})
+	if err != nil {
+		return err
+	}
+	dev, udp, err := openDevice(ctx, "bench-target", addr, 0, log.Named("softroce"))
+	if err != nil {
+		return err
+	}
+	defer closeDevice(dev)
+	ln, err := dev.Listen(addr, cmPort)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	served := make(chan error, 1)
+	go func() { served <- tgt.Serve(context.Background(), ln, dev) }() // ended by tgt.Close
+
+	var sl net.Listener
+	var swg sync.WaitGroup
+	if *statsSock != "" {
+		_ = os.Remove(*statsSock)
+		if sl, err = net.Listen("unix", *statsSock); err != nil {
+			return err
+		}
+		swg.Add(1)
+		go func() {
+			defer swg.Done()
+			serveStats(sl, tgt)
+		}()
+	}
+	if err := writeReady(*ready, fmt.Sprintf("udp=%v pid=%d", udp, os.Getpid())); err != nil {
+		return err
+	}
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-served:
+		served = nil
+	}
+	if sl != nil {
+		_ = sl.Close()
+		swg.Wait()
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	if err := tgt.Close(cctx); err != nil {
+		log.Warn("closing the target", zap.Error(err))
+	}
+	if served != nil {
+		select {
+		case serveErr = <-served:
+		case <-time.After(closeTimeout):
+			serveErr = errors.New("Serve did not return")
+		}
+	}
+	return serveErr
+}
+
+// memStatus is what the stats socket answers.
+type memStatus struct {
+	PID        int                `json:"pid"`
+	VmRSSKiB   int64              `json:"vmrss_kib"`
+	VmHWMKiB   int64              `json:"vmhwm_kib"`
+	HeapInuse  uint64             `json:"go_heap_inuse"`
+	GoSys      uint64             `json:"go_sys"`
+	Goroutines int                `json:"goroutines"`
+	Target     target.TargetStats `json:"target"`
+}
+
+func serveStats(l net.Listener, tgt *target.Target) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		st := memStatus{PID: os.Getpid(), HeapInuse: ms.HeapInuse, GoSys: ms.Sys,
+			Goroutines: runtime.NumGoroutine(), Target: tgt.Stats()}
+		st.VmRSSKiB, st.VmHWMKiB, _ = procMem(os.Getpid())
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_ = json.NewEncoder(c).Encode(&st)
+		_ = c.Close()
+	}
+}
+
+// procMem reads VmRSS and VmHWM (KiB) from /proc/PID/status.
+func procMem(pid int) (rss, hwm int64, err error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		switch fields[0] {
+		case "VmRSS:":
+			rss, _ = strconv.ParseInt(fields[1], 10, 64)
+		case "VmHWM:":
+			hwm, _ = strconv.ParseInt(fields[1], 10, 64)
+		}
+	}
+	if rss == 0 {
+		return 0, 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	}
+	return rss, hwm, sc.Err()
+}
+
+func newLog(verbose bool) *zap.Logger {
+	if verbose {
+		return logging.Console(os.Stderr, false)
+	}
+	return logging.Console(os.Stderr, false).WithOptions(zap.IncreaseLevel(zap.WarnLevel))
+}
+
+// ---- initiator sessions ----
+
+type sessOpts struct {
+	target   netip.AddrPort
+	portID   srp.PortID
+	channels int
+	qd       int
+	maxIO    int
+}
+
+func (o *sessOpts) flags(fs *flag.FlagSet) (targetS, portID *string) {
+	targetS = fs.String("target", "", "the target device's RoCEv2 UDP address (127.0.0.1:PORT, from its ready file)")
+	portID = fs.String("port-id", defaultPortID, "SRP target port identifier (32 hex digits)")
+	fs.IntVar(&o.channels, "channels", 2, "channels per session")
+	fs.IntVar(&o.qd, "qd", 64, "queue depth per channel")
+	fs.IntVar(&o.maxIO, "max-io", 0, "initiator MaxIOSize (0: default)")
+	return targetS, portID
+}
+
+func (o *sessOpts) parse(targetS, portID string) error {
+	var err error
+	if o.target, err = netip.ParseAddrPort(targetS); err != nil {
+		return fmt.Errorf("-target %q: %w", targetS, err)
+	}
+	if err := loopback(o.target.Addr()); err != nil {
+		return err
+	}
+	o.portID, err = srp.ParsePortID(portID)
+	return err
+}
+
+func dial(ctx context.Context, dev *softroce.Device, o *sessOpts, ext uint64, log *zap.Logger) (*initiator.Session, error) {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	return initiator.Dial(ctx, initiator.Config{
+		Name: fmt.Sprintf("bench-%d", ext), Device: dev,
+		Dialer:    &initiator.CMDialer{CM: dev, Remote: netip.AddrPortFrom(o.target.Addr(), cmPort)},
+		LoginForm: initiator.LoginRDMACM, TargetPortID: o.portID, InitiatorExt: ext,
+		ChCount: o.channels, QueueDepth: o.qd, MaxIOSize: o.maxIO, Logger: log,
+	})
+}
+
+func closeSession(s *initiator.Session) error {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	return s.Close(ctx)
+}
+
+// ---- nbd ----
+
+func runNBD(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("nbd", flag.ContinueOnError)
+	var o sessOpts
+	targetS, portID := o.flags(fs)
+	sock := fs.String("socket", "", "unix socket of the NBD server")
+	export := fs.String("export", "disk", "export name")
+	workers := fs.Int("workers", 0, "NBD worker goroutines per connection (0: nbd default)")
+	ready := fs.String("ready", "", "file to write \"pid=PID\" to once serving")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here until shutdown")
+	verbose := fs.Bool("v", false, "info logs (default: warnings only)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := o.parse(*targetS, *portID); err != nil {
+		return err
+	}
+	if *sock == "" {
+		return errors.New("-socket is required")
+	}
+	log := newLog(*verbose)
+	stopProf, err := startProfile(*cpuprofile)
+	if err != nil {
+		return err
+	}
+	defer stopProf()
+	dev, _, err := openDevice(ctx, "bench-initiator", o.target.Addr(), 0, log.Named("softroce"))
+	if err != nil {
+		return err
+	}
+	defer closeDevice(dev)
+	dev.SetPeerUDPPort(o.target.Addr(), o.target.Port())
+	sess, err := dial(ctx, dev, &o, 1, log.Named("initiator"))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := closeSession(sess); err != nil {
+			log.Warn("logout", zap.Error(err))
+		}
+	}()
+	lun := sess.LUN(0)
+	if lun == nil {
+		return errors.New("no LUN 0")
+	}
+	srv, err := nbd.NewServer(nbd.Config{Logger: log.Named("nbd"), Workers: *workers})
+	if err != nil {
+		return err
+	}
+	if err := srv.AddExport(*export, initiator.NBDDevice(lun), nbd.ExportOptions{Description: "srpbench LUN 0"}); err != nil {
+		return err
+	}
+	if _, err := srv.ListenUnix(*sock); err != nil {
+		return err
+	}
+	if err := writeReady(*ready, fmt.Sprintf("pid=%d", os.Getpid())); err != nil {
+		return err
+	}
+	return srv.Serve(ctx) // until SIGTERM, then a graceful shutdown
+}
+
+// ---- mem ----
+
+func runMem(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("mem", flag.ContinueOnError)
+	var o sessOpts
+	targetS, portID := o.flags(fs)
+	pid := fs.Int("pid", 0, "PID of the target process (VmRSS from /proc/PID/status)")
+	statsSock := fs.String("stats-socket", "", "the target's stats socket")
+	sessions := fs.Int("sessions", 1, "initiator sessions")
+	ios := fs.Int("ios", 20000, "N: I/Os of the first measurement (the second is after 10N)")
+	workers := fs.Int("workers", 0, "I/O goroutines per session (0: channels × qd / 2)")
+	sizesS := fs.String("sizes", "4k,4k,16k,64k", "I/O sizes drawn at random")
+	label := fs.String("label", "", "label of the result lines")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := o.parse(*targetS, *portID); err != nil {
+		return err
+	}
+	if *pid <= 0 {
+		return errors.New("-pid is required")
+	}
+	var sizes []int
+	for _, s := range strings.Split(*sizesS, ",") {
+		n, err := parseSize(s)
+		if err != nil {
+			return err
+		}
+		sizes = append(sizes, int(n))
+	}
+	if *workers == 0 {
+		*workers = max(1, o.channels*o.qd/2)
+	}
+	maxSize := 0
+	for _, s := range sizes {
+		maxSize = max(maxSize, s)
+	}
+	if o.maxIO == 0 {
+		o.maxIO = max(128<<10, (maxSize+4095)&^4095)
+	}
+	log := newLog(false)
+	// One device for every session (as one host's RNIC): its MR table must hold every
+	// channel's pool.
+	dev, _, err := openDevice(ctx, "bench-mem", o.target.Addr(), 1<<20, log.Named("softroce"))
+	if err != nil {
+		return err
+	}
+	defer closeDevice(dev)
+	dev.SetPeerUDPPort(o.target.Addr(), o.target.Port())
+
+	report := func(what string, done int64) error {
+		rss, hwm, err := procMem(*pid)
+		if err != nil {
+			return err
+		}
+		st, err := queryStats(*statsSock)
+		if err != nil {
+			return err
+		}
+		ch := max(st.Target.Channels, 1)
+		fmt.Printf("%s sessions=%d channels=%d qd=%d phase=%s ios=%d vmrss_kib=%d vmhwm_kib=%d registered_kib=%d registered_per_channel_kib=%d go_heap_inuse_kib=%d goroutines=%d\n",
+			*label, st.Target.Sessions, st.Target.Channels, o.qd, what, done, rss, hwm, st.Target.MemoryBytes>>10,
+			st.Target.MemoryBytes/ch>>10, st.HeapInuse>>10, st.Goroutines)
+		return nil
+	}
+	if err := report("before-login", 0); err != nil {
+		return err
+	}
+	sess := make([]*initiator.Session, 0, *sessions)
+	defer func() {
+		var wg sync.WaitGroup
+		for _, s := range sess {
+			wg.Add(1)
+			go func() { defer wg.Done(); _ = closeSession(s) }()
+		}
+		wg.Wait()
+	}()
+	for i := 0; i < *sessions; i++ {
+		s, err := dial(ctx, dev, &o, uint64(i+1), log.Named("initiator"))
+		if err != nil {
+			return fmt.Errorf("session %d: %w", i, err)
+		}
+		sess = append(sess, s)
+	}
+	luns := make([]*initiator.LUN, len(sess))
+	for i, s := range sess {
+		if luns[i] = s.LUN(0); luns[i] == nil {
+			return fmt.Errorf("session %d: no LUN 0", i)
+		}
+	}
+	size := luns[0].Size()
+	bs := int64(luns[0].BlockSize())
+	// Fill the LUN once so that its RAM backend is resident before the measurements.
+	fill := make([]byte, 1<<20)
+	for off := int64(0); off < size; off += int64(len(fill)) {
+		n := min(int64(len(fill)), size-off)
+		if err := luns[0].WriteAt(ctx, fill[:n], off, false); err != nil {
+			return fmt.Errorf("fill: %w", err)
+		}
+	}
+	if err := report("after-login+fill", 0); err != nil {
+		return err
+	}
+	var done atomic.Int64
+	// runPhase runs I/O from nw goroutines per session, sizes drawn from sz, until done
+	// reaches target.
+	runPhase := func(target int64, nw int, sz []int) error {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+		defer cancel()
+		var wg sync.WaitGroup
+		errc := make(chan error, 1)
+		for si, l := range luns {
+			for w := 0; w < nw; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(si), uint64(w)))
+					buf := make([]byte, maxSize)
+					for done.Add(1) <= target {
+						n := int64(sz[rng.IntN(len(sz))])
+						off := rng.Int64N((size-n)/bs+1) * bs
+						var err error
+						if rng.IntN(2) == 0 {
+							err = l.ReadAt(ctx, buf[:n], off)
+						} else {
+							err = l.WriteAt(ctx, buf[:n], off, false)
+						}
+						if err != nil {
+							select {
+							case errc <- err:
+							default:
+							}
+							cancel()
+							return
+						}
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		done.Store(target)
+		select {
+		case err := <-errc:
+			return err
+		default:
+			return nil
+		}
+	}
+	// The warm-up drives every channel at its full queue depth with the largest size, so that
+	// every request slot the workload can reach has been touched as far as the workload goes;
+	// then RSS is read after N and after 10N I/Os of the mix.
+	n := int64(*ios)
+	warm := int64(max(*ios, 4*len(luns)*o.channels*o.qd))
+	t0 := time.Now()
+	if err := runPhase(warm, o.channels*o.qd, []int{maxSize}); err != nil {
+		return err
+	}
+	el0 := time.Since(t0)
+	if err := report("after-warmup", warm); err != nil {
+		return err
+	}
+	done.Store(0)
+	t1 := time.Now()
+	if err := runPhase(n, *workers, sizes); err != nil {
+		return err
+	}
+	if err := report("after-N", n); err != nil {
+		return err
+	}
+	if err := runPhase(10*n, *workers, sizes); err != nil {
+		return err
+	}
+	el := time.Since(t1)
+	if err := report("after-10N", 10*n); err != nil {
+		return err
+	}
+	fmt.Printf("%s warmup_ios=%d io_rate_warmup=%.0f/s io_rate=%.0f/s workers_per_session=%d sizes=%s\n", *label,
+		warm, float64(warm)/el0.Seconds(), float64(10*n)/el.Seconds(), *workers, *sizesS)
+	return nil
+}
+
+func queryStats(path string) (memStatus, error) {
+	var st memStatus
+	if path == "" {
+		return st, nil
+	}
+	c, err := net.DialTimeout("unix", path, 5*time.Second)
+	if err != nil {
+		return st, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	b, err := io.ReadAll(io.LimitReader(c, 1<<20))
+	if err != nil {
+		return st, err
+	}
+	err = json.Unmarshal(b, &st)
+	return st, err
+}

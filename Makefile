@@ -72,3 +72,12 @@ INTEROP ?= ../shared/interop
 .PHONY: interop
 interop:
 	INTEROP=$(INTEROP) GO=$(GO) ./scripts/interop.sh
+
+# The kernel-verbs engine (transport/verbs, build tag `verbs`, cgo against rdma-core) on Debian's
+# kernel rxe under QEMU (interop/srp-verbs; root): the transport conformance suite and the
+# engine's tests in a guest, the kernel's ib_srp against our target on verbs, and our initiator
+# on verbs against softroce's srptarget. Not part of `make test`.
+.PHONY: test-verbs
+test-verbs:
+	CGO_ENABLED=1 $(GO) vet -tags verbs ./transport/verbs/ ./interop/...
+	INTEROP=$(INTEROP) GO=$(GO) ./interop/srp-verbs all

@@ -1,0 +1,174 @@
+// Command verbs-srptarget is the SRP target (package target, one RAM LUN 0 for any initiator) on
+// the kernel verbs engine (transport/verbs): what interop/srp-verbs runs inside a QEMU guest on
+// kernel rxe, with the kernel's ib_srp logging in from the other guest. Build it with
+// `-tags verbs` (without the tag it exits at once with "built without -tags verbs").
+//
+// It prints VERBS-TARGET-READY on stdout once it listens, serves until SIGTERM or SIGINT, then
+// closes the target (SRP_T_LOGOUT and a CM DREQ on every channel) and the device, bounded, and
+// exits 0 (1 on a failure).
+//
+//	-dev      $SRPD_VERBS_DEVICE (the first RDMA device)   RDMA device
+//	-addr     (the device's first IPv4 RoCEv2 address)     address to listen on
+//	-port     $SRP_INTEROP_PORT (5555)                      RDMA CM port
+//	-port-id  $SRP_INTEROP_TARGET_PORT_ID (id_ext ‖ ioc_guid, 5352500000000003 each)
+//	-lun-mib  64                                           size of the RAM LUN
+//	-v                                                     debug logs
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/scsi/backend"
+	"github.com/srpd/srpd/srp"
+	"github.com/srpd/srpd/target"
+	"github.com/srpd/srpd/transport"
+	"github.com/srpd/srpd/transport/verbs"
+)
+
+func env(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func main() {
+	dev := flag.String("dev", os.Getenv("SRPD_VERBS_DEVICE"), "RDMA device (default: the first one)")
+	addrS := flag.String("addr", "", "address to listen on (default: the device's first IPv4 RoCEv2 address)")
+	port := flag.Uint("port", 5555, "RDMA CM port")
+	portIDS := flag.String("port-id", env("SRP_INTEROP_TARGET_PORT_ID",
+		env("SRP_INTEROP_ID_EXT", "5352500000000003")+env("SRP_INTEROP_IOC_GUID", "5352500000000003")), "SRP target port ID (32 hex digits)")
+	lunMiB := flag.Int("lun-mib", 64, "RAM LUN size in MiB")
+	verbose := flag.Bool("v", false, "debug logs")
+	flag.Parse()
+
+	lvl := zapcore.InfoLevel
+	if *verbose {
+		lvl = zapcore.DebugLevel
+	}
+	zc := zap.NewDevelopmentConfig()
+	zc.Level = zap.NewAtomicLevelAt(lvl)
+	zc.OutputPaths = []string{"stderr"}
+	log, _ := zc.Build()
+	defer func() { _ = log.Sync() }()
+
+	if err := run(*dev, *addrS, uint16(*port), *portIDS, *lunMiB, log); err != nil {
+		log.Error("verbs-srptarget", zap.Error(err))
+		_ = log.Sync()
+		os.Exit(1)
+	}
+}
+
+func run(devName, addrS string, port uint16, portIDS string, lunMiB int, log *zap.Logger) error {
+	portID, err := srp.ParsePortID(portIDS)
+	if err != nil {
+		return fmt.Errorf("-port-id: %w", err)
+	}
+	if devName == "" {
+		names, err := verbs.DeviceNames()
+		if err != nil {
+			return err
+		}
+		if len(names) == 0 {
+			return fmt.Errorf("%w: no RDMA device", verbs.ErrUnavailable)
+		}
+		devName = names[0]
+	}
+	d, err := verbs.OpenDevice(devName, verbs.Config{Logger: log.Named("verbs")})
+	if err != nil {
+		return err
+	}
+	closeDev := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := d.Close(ctx); err != nil {
+			log.Warn("closing the device", zap.Error(err))
+		}
+	}
+	defer closeDev()
+	var addr netip.Addr
+	if addrS != "" {
+		if addr, err = netip.ParseAddr(addrS); err != nil {
+			return fmt.Errorf("-addr: %w", err)
+		}
+	} else {
+		for _, a := range d.Addrs() {
+			if a.Addr().Is4() {
+				addr = a.Addr()
+				break
+			}
+		}
+		if !addr.IsValid() {
+			return fmt.Errorf("%s has no IPv4 RoCEv2 address (%v)", devName, d.Addrs())
+		}
+	}
+	cmgr, ok := d.(transport.ConnManager)
+	if !ok {
+		return errors.New("device has no connection manager")
+	}
+	be, err := backend.NewRAM(int64(lunMiB)<<20, false)
+	if err != nil {
+		return err
+	}
+	lun, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: 512, Product: "srpd verbs RAM", Serial: fmt.Sprintf("verbs-%x", portID[8:])}, be)
+	if err != nil {
+		return err
+	}
+	tgt, err := target.New(target.Config{
+		Name:       "verbs-srptarget",
+		PortID:     portID,
+		DefaultACL: &target.ACL{Name: "any", LUNs: []target.LUNMapping{{Number: 0, LUN: lun}}},
+		Logger:     log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := cmgr.Listen(addr, port)
+	if err != nil {
+		return fmt.Errorf("listen on %v port %d: %w", addr, port, err)
+	}
+	a := d.Attr()
+	log.Info("listening", zap.String("dev", devName), zap.Stringer("addr", addr), zap.Uint16("cm_port", port),
+		zap.Stringer("target_port_id", portID), zap.Int("lun_mib", lunMiB), zap.Int("max_mr_pages", a.MaxMRPages),
+		zap.Int("max_qp_wr", a.MaxQPWR), zap.Stringer("mtu", a.ActiveMTU))
+	fmt.Println("VERBS-TARGET-READY")
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- tgt.Serve(context.Background(), ln, d) }()
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case serveErr = <-served:
+		served = nil
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	if err := tgt.Close(cctx); err != nil {
+		log.Warn("closing the target", zap.Error(err))
+	}
+	cancel()
+	if served != nil {
+		select {
+		case serveErr = <-served:
+		case <-time.After(3 * time.Second):
+			serveErr = errors.New("Serve did not return")
+		}
+	}
+	_ = ln.Close()
+	log.Info("stopped", zap.Any("target", tgt.Stats()))
+	return serveErr
+}

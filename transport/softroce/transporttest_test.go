@@ -1,0 +1,95 @@
+package softroce_test
+
+// The engine-independent conformance suite (transport/transporttest) on softroce: the same
+// checks transport/verbs runs on kernel rxe inside the interop harness' guest (make test-verbs).
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/srpd/srpd/transport"
+	"github.com/srpd/srpd/transport/softroce"
+	"github.com/srpd/srpd/transport/softroce/cm"
+	"github.com/srpd/srpd/transport/softroce/link"
+	"github.com/srpd/srpd/transport/transporttest"
+)
+
+// quickCM shortens the CM's retry timers so that a lossy link does not make the CM subtests
+// wait for the kernel's multi-second defaults.
+var quickCM = cm.Config{PacketLifeTime: 9, CMResponseTimeout: 14, AckDelay: 12, MaxCMRetries: 8}
+
+func openDev(t *testing.T, lnk link.Link, name string) *softroce.Device {
+	t.Helper()
+	d, err := softroce.Open(softroce.Config{Link: lnk, Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := d.Close(ctx); err != nil && !errors.Is(err, transport.ErrClosed) {
+			t.Errorf("close %s: %v", name, err)
+		}
+	})
+	if err := d.ConfigureCM(quickCM); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func pipeFactory(faults link.Faults) transporttest.Factory {
+	return func(t *testing.T) transporttest.Pair {
+		a, b := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2")
+		la, lb := link.NewPipe(a, b, link.PipeConfig{Seed: 7, AtoB: faults, BtoA: faults, QueueLen: 1024})
+		da, db := openDev(t, la, "pipeA"), openDev(t, lb, "pipeB")
+		return transporttest.Pair{
+			A:     transporttest.Endpoint{Dev: da, Addr: a},
+			B:     transporttest.Endpoint{Dev: db, Addr: b},
+			Lossy: faults != link.Faults{},
+		}
+	}
+}
+
+func udpFactory(t *testing.T) transporttest.Pair {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	la, err := link.ListenUDP(ctx, netip.MustParseAddrPort("127.0.0.1:0"), link.UDPOptions{})
+	if err != nil {
+		t.Skipf("SKIPPED: no UDP link on 127.0.0.1: %v", err)
+	}
+	lb, err := link.ListenUDP(ctx, netip.MustParseAddrPort("127.0.0.2:0"), link.UDPOptions{})
+	if err != nil {
+		la.Close()
+		t.Skipf("SKIPPED: no UDP link on 127.0.0.2: %v", err)
+	}
+	da, db := openDev(t, la, "udpA"), openDev(t, lb, "udpB")
+	pa, pb := la.LocalAddrPort(), lb.LocalAddrPort()
+	// Two devices on one host, each on an ephemeral port: tell each where the other listens.
+	da.SetPeerUDPPort(pb.Addr(), pb.Port())
+	db.SetPeerUDPPort(pa.Addr(), pa.Port())
+	return transporttest.Pair{
+		A: transporttest.Endpoint{Dev: da, Addr: pa.Addr(), Port: pa.Port()},
+		B: transporttest.Endpoint{Dev: db, Addr: pb.Addr(), Port: pb.Port()},
+	}
+}
+
+var allMTUsConf = []transport.MTU{transport.MTU256, transport.MTU512, transport.MTU1024, transport.MTU2048, transport.MTU4096}
+
+func TestTransportConformancePipe(t *testing.T) {
+	transporttest.RunConfig(t, pipeFactory(link.Faults{}), transporttest.Config{MTUs: allMTUsConf, LocalACKTimeout: 10})
+}
+
+func TestTransportConformancePipeLossy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("SKIPPED in -short")
+	}
+	lossy := link.Faults{Drop: 0.02, Duplicate: 0.02, Reorder: 0.02, ReorderDistance: 3}
+	transporttest.RunConfig(t, pipeFactory(lossy), transporttest.Config{LocalACKTimeout: 10})
+}
+
+func TestTransportConformanceUDP(t *testing.T) {
+	transporttest.RunConfig(t, udpFactory, transporttest.Config{LocalACKTimeout: 10})
+}

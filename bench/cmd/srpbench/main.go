@@ -154,7 +154,7 @@ func writeReady(path, s string) error {
 
 // openDevice opens a softroce device on addr with an ephemeral UDP port.
 func openDevice(ctx context.Context, name string, addr netip.Addr, maxMR int, log *zap.Logger) (*softroce.Device, netip.AddrPort, error) {
-	lnk, err := link.ListenUDP(ctx, netip.AddrPortFrom(addr, 0), link.UDPOptions{})
+	lnk, err := link.ListenUDP(ctx, netip.AddrPortFrom(addr, 0), link.UDPOptions{GRO: true, GSO: true})
 	if err != nil {
 		return nil, netip.AddrPort{}, err
 	}

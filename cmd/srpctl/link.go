@@ -7,6 +7,8 @@ import (
 	"syscall"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/srpd/srpd/transport/verbs"
 )
 
 // rdmaLink is an RDMA device as RDMA netlink reports it (`rdma link` / `rdma dev`).
@@ -19,11 +21,15 @@ type rdmaLink struct {
 	Ports           uint32 `json:"ports"`
 }
 
-// linkManager creates, lists and deletes RDMA links; netlinkLinks is the real one.
+// linkManager creates, lists and deletes RDMA links, and lists the devices the verbs engine
+// sees; netlinkLinks is the real one.
 type linkManager interface {
 	List() ([]rdmaLink, error)
 	Add(name, typ, netdev string) error
 	Delete(name string) error
+	// VerbsDevices lists the RDMA devices libibverbs opens (transport/verbs.DeviceNames); it
+	// fails with verbs.ErrUnavailable in a build without -tags verbs.
+	VerbsDevices() ([]string, error)
 }
 
 // netlinkLinks talks RDMA netlink (NETLINK_RDMA) through github.com/vishvananda/netlink.
@@ -36,11 +42,29 @@ func (netlinkLinks) List() ([]rdmaLink, error) {
 	}
 	out := make([]rdmaLink, 0, len(ls))
 	for _, l := range ls {
-		out = append(out, rdmaLink{Name: l.Attrs.Name, Index: l.Attrs.Index, NodeGUID: l.Attrs.NodeGuid,
-			SysImageGUID: l.Attrs.SysImageGuid, FirmwareVersion: l.Attrs.FirmwareVersion, Ports: l.Attrs.NumPorts})
+		out = append(out, rdmaLink{Name: l.Attrs.Name, Index: l.Attrs.Index, NodeGUID: rdmaGUID(l.Attrs.NodeGuid),
+			SysImageGUID: rdmaGUID(l.Attrs.SysImageGuid), FirmwareVersion: l.Attrs.FirmwareVersion, Ports: l.Attrs.NumPorts})
 	}
 	return out, nil
 }
+
+// rdmaGUID turns a GUID as vishvananda/netlink formats it (the kernel's u64 written out
+// little-endian as a MAC-style string: rxe's node GUID 5054:00ff:fe77:0002 comes as
+// "02:00:77:fe:ff:00:54:50") into the form `rdma dev` and sysfs print. Other strings are
+// returned unchanged.
+func rdmaGUID(s string) string {
+	hw, err := net.ParseMAC(s)
+	if err != nil || len(hw) != 8 {
+		return s
+	}
+	var v uint64
+	for i := len(hw) - 1; i >= 0; i-- {
+		v = v<<8 | uint64(hw[i])
+	}
+	return fmt.Sprintf("%04x:%04x:%04x:%04x", v>>48, v>>32&0xffff, v>>16&0xffff, v&0xffff)
+}
+
+func (netlinkLinks) VerbsDevices() ([]string, error) { return verbs.DeviceNames() }
 
 func (netlinkLinks) Add(name, typ, netdev string) error {
 	if _, err := net.InterfaceByName(netdev); err != nil {

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,6 +19,7 @@ import (
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/ctlapi"
 	"github.com/srpd/srpd/internal/ctlapi/ctlapitest"
+	"github.com/srpd/srpd/transport/verbs"
 )
 
 const daemonConfig = `
@@ -43,9 +46,16 @@ sessions:
 type fakeLinks struct {
 	links []rdmaLink
 	err   error
+	verbs []string // nil: the verbs engine is not built
 }
 
 func (f *fakeLinks) List() ([]rdmaLink, error) { return f.links, f.err }
+func (f *fakeLinks) VerbsDevices() ([]string, error) {
+	if f.verbs == nil {
+		return nil, fmt.Errorf("%w: built without -tags verbs", verbs.ErrUnavailable)
+	}
+	return f.verbs, nil
+}
 func (f *fakeLinks) Add(name, typ, netdev string) error {
 	if f.err != nil {
 		return f.err
@@ -284,7 +294,15 @@ func TestLinkCommands(t *testing.T) {
 		{[]string{"link", "add", "rxe0", "--netdev", "eth0"}, exitOK, "RDMA link rxe0 (rxe) created on eth0", ""},
 		{[]string{"link", "add", "rxe0", "--netdev", "eth0"}, exitConflict, "", "file exists"},
 		{[]string{"link", "add", "rxe1", "--netdev", "eth9"}, exitNotFound, "", `network interface "eth9"`},
-		{[]string{"link", "add", "rxe1"}, exitUsage, "", "--netdev is required"},
+		{[]string{"link", "add", "rxe1"}, exitUsage, "", "a network interface is required"},
+		{[]string{"link", "add", "rxe1", "type", "rxe", "netdev", "eth0"}, exitOK, "RDMA link rxe1 (rxe) created on eth0", ""},
+		{[]string{"link", "add", "rxe2", "netdev", "eth0", "type", "siw"}, exitOK, "RDMA link rxe2 (siw) created on eth0", ""},
+		{[]string{"link", "add", "rxe3", "type", "rxe", "netdev"}, exitUsage, "", `"netdev" needs a value`},
+		{[]string{"link", "add", "rxe3", "dev", "eth0"}, exitUsage, "", `unknown word "dev"`},
+		{[]string{"link", "add", "rxe3", "type", "ib", "netdev", "eth0"}, exitUsage, "", `--type "ib"`},
+		{[]string{"link", "add", "rxe3", "netdev", "eth0", "--netdev", "eth0"}, exitUsage, "", "netdev given twice"},
+		{[]string{"link", "delete", "rxe1"}, exitOK, "RDMA link rxe1 deleted", ""},
+		{[]string{"link", "delete", "rxe2"}, exitOK, "RDMA link rxe2 deleted", ""},
 		{[]string{"link", "add", "rxe1", "--netdev", "eth0", "--type", "ib"}, exitUsage, "", `--type "ib"`},
 		{[]string{"link", "list"}, exitOK, "rxe0", ""},
 		{[]string{"link", "delete", "rxe0"}, exitOK, "RDMA link rxe0 deleted", ""},
@@ -296,15 +314,91 @@ func TestLinkCommands(t *testing.T) {
 			t.Errorf("%v: exit %d (want %d)\nstdout: %s\nstderr: %s", s.args, code, s.code, stdout, stderr)
 		}
 	}
-	// A kernel without RDMA netlink: a clear message and exit 7.
+	// Without the verbs engine the VERBS column says "-"; with it, which links libibverbs sees,
+	// and the devices it sees that RDMA netlink did not list.
+	h.links.links = []rdmaLink{{Name: "rxe0", Index: 1, NodeGUID: "5054:00FF:FE77:0001", Ports: 1}, {Name: "siw0", Index: 2, Ports: 1}}
+	if code, stdout, _ := h.run("", "link", "list"); code != exitOK || !strings.Contains(stdout, "VERBS") ||
+		!regexpMatch(`(?m)^rxe0 .* -$`, stdout) {
+		t.Errorf("no verbs engine: exit %d\n%s", code, stdout)
+	}
+	h.links.verbs = []string{"rxe0", "mlx5_0"}
+	code, stdout, _ := h.run("", "link", "list")
+	if code != exitOK || !regexpMatch(`(?m)^rxe0 .* yes$`, stdout) || !regexpMatch(`(?m)^siw0 .* no$`, stdout) ||
+		!regexpMatch(`(?m)^mlx5_0 +- .* yes$`, stdout) {
+		t.Errorf("verbs devices: exit %d\n%s", code, stdout)
+	}
+	code, stdout, _ = h.run("", "-o", "json", "link", "list")
+	var js struct {
+		Links        []rdmaLink `json:"links"`
+		VerbsDevices []string   `json:"verbs_devices"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &js); code != exitOK || err != nil || len(js.Links) != 2 || len(js.VerbsDevices) != 2 {
+		t.Errorf("json: exit %d, %v\n%s", code, err, stdout)
+	}
+	// No RDMA netlink but libibverbs sees a device: listed, with a warning.
 	h.links.err = netlinkError("list RDMA links", syscall.EPROTONOSUPPORT)
-	code, _, stderr := h.run("", "link", "list")
+	code, stdout, stderr := h.run("", "link", "list")
+	if code != exitOK || !regexpMatch(`(?m)^mlx5_0 .* yes$`, stdout) || !strings.Contains(stderr, "no RDMA netlink support") {
+		t.Errorf("netlink error with verbs devices: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	// A kernel without RDMA netlink (and no verbs device): a clear message and exit 7.
+	h.links.verbs = nil
+	code, _, stderr = h.run("", "link", "list")
 	if code != exitUnsupported || !strings.Contains(stderr, "no RDMA netlink support") {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	h.links.err = netlinkError("add RDMA link rxe0", syscall.EPERM)
 	if code, _, stderr := h.run("", "link", "add", "rxe0", "--netdev", "eth0"); code != exitPermission || !strings.Contains(stderr, "run as root") {
 		t.Fatalf("EPERM: exit %d: %s", code, stderr)
+	}
+}
+
+// TestRDMAGUID: netlink's little-endian GUID strings become what `rdma dev` prints.
+func TestRDMAGUID(t *testing.T) {
+	for in, want := range map[string]string{
+		"02:00:77:fe:ff:00:54:50": "5054:00ff:fe77:0002", // rxe on 52:54:00:77:00:02, as seen in the guest
+		"":                        "",
+		"weird":                   "weird",
+	} {
+		if got := rdmaGUID(in); got != want {
+			t.Errorf("rdmaGUID(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func regexpMatch(re, s string) bool { return regexp.MustCompile(re).MatchString(s) }
+
+// TestRealNetlinkAddDelete runs `link delete` and (only where the kernel has no RDMA netlink,
+// so that nothing is created) `link add` against this machine's kernel: a kernel without RDMA
+// netlink gives exit 7 and the explanation; one with it says the link does not exist.
+func TestRealNetlinkAddDelete(t *testing.T) {
+	runReal := func(args ...string) (int, string) {
+		var out, errb bytes.Buffer
+		e := &env{stdin: strings.NewReader(""), stdout: &out, stderr: &errb, links: netlinkLinks{}, getenv: func(string) string { return "" }, now: time.Now}
+		return run(context.Background(), args, e), errb.String()
+	}
+	_, lerr := netlinkLinks{}.List()
+	code, stderr := runReal("link", "delete", "srpdnone0")
+	switch {
+	case lerr != nil && errors.Is(lerr, errUnsupported):
+		if code != exitUnsupported || !strings.Contains(stderr, "no RDMA netlink support") || !strings.Contains(stderr, "modprobe rdma_rxe") {
+			t.Errorf("delete without RDMA netlink: exit %d: %s", code, stderr)
+		}
+		code, stderr = runReal("link", "add", "srpdnone0", "type", "rxe", "netdev", "lo")
+		if code != exitUnsupported || !strings.Contains(stderr, "no RDMA netlink support") || !strings.Contains(stderr, "add RDMA link srpdnone0") {
+			t.Errorf("add without RDMA netlink: exit %d: %s", code, stderr)
+		}
+		t.Logf("this kernel has no RDMA netlink: %s", strings.TrimSpace(stderr))
+	case lerr != nil:
+		t.Skipf("RDMA netlink: %v", lerr)
+	default:
+		if code != exitNotFound || !strings.Contains(stderr, `"srpdnone0"`) {
+			t.Errorf("delete of a missing link: exit %d: %s", code, stderr)
+		}
+	}
+	// A missing network interface is refused before netlink is asked.
+	if code, stderr := runReal("link", "add", "srpdnone0", "netdev", "srpdnoif0"); code != exitNotFound || !strings.Contains(stderr, `network interface "srpdnoif0"`) {
+		t.Errorf("add on a missing interface: exit %d: %s", code, stderr)
 	}
 }
 

@@ -204,7 +204,7 @@ func (c *connRT) remote(ctx context.Context) (netip.AddrPort, error) {
 		}
 		ip = ips[0]
 		for _, a := range ips { // same family as the transport's address, if there is one
-			if a.Unmap().Is4() == c.tr.bound.Addr().Is4() {
+			if a.Unmap().Is4() == c.tr.prefers4() {
 				ip = a
 				break
 			}
@@ -227,7 +227,7 @@ func (c *connRT) dial() (*initiator.Session, error) {
 	c.tr.peerPort(remote.Addr())
 	imm := s.ImmediateData == nil || *s.ImmediateData
 	cfg := initiator.Config{
-		Name: s.Name, Device: c.tr.dev, Dialer: &initiator.CMDialer{CM: c.tr.dev, Remote: remote},
+		Name: s.Name, Device: c.tr.dev, Dialer: &initiator.CMDialer{CM: c.tr.cm, Remote: remote},
 		LoginForm: initiator.LoginRDMACM, TargetPortID: s.TargetPortID.SRP(), InitiatorExt: uint64(s.InitiatorExt),
 		ChCount: s.ChCount, QueueDepth: s.QueueDepth, MaxITIULen: uint32(s.MaxITIULen), DisableImmediateData: !imm,
 		ConnectTimeout: ct,

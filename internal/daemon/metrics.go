@@ -47,8 +47,10 @@ func (d *Daemon) collect() *expo {
 
 	for _, name := range sortedKeys(d.transports) {
 		t := d.transports[name]
-		s := t.dev.Stats()
-		cm := t.dev.CMStats()
+		s, cm, ok := t.softroceStats()
+		if !ok {
+			continue // the kernel verbs engine keeps its counters in the kernel (rdma statistic)
+		}
 		l := []string{"transport", name}
 		e.counter("srpd_softroce_tx_packets_total", "RoCEv2 packets sent.", s.TxPackets, l...)
 		e.counter("srpd_softroce_rx_packets_total", "RoCEv2 packets received (after the ICRC check).", s.RxPackets, l...)

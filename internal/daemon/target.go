@@ -232,14 +232,18 @@ func (d *Daemon) startTarget(cfg config.Target, tr *transportRT, keep map[int]*l
 		addrs = append(addrs, ip.Unmap())
 	}
 	if len(addrs) == 0 {
-		if b := tr.bound.Addr(); b.IsUnspecified() {
+		if b := tr.bound.Addr(); tr.bound.IsValid() && b.IsUnspecified() {
 			addrs = []netip.Addr{b}
 		} else {
 			addrs = tr.addrs()
 		}
+		if len(addrs) == 0 {
+			return nil, fmt.Errorf("target %s: transport %s (device %s) has no IP address to listen on: %w",
+				cfg.Name, tr.cfg.Name, tr.dev.Name(), ctlapi.ErrUnavailable)
+		}
 	}
 	for _, a := range addrs {
-		ln, err := tr.dev.Listen(a, uint16(cfg.CMPort))
+		ln, err := tr.cm.Listen(a, uint16(cfg.CMPort))
 		if err != nil {
 			return nil, fmt.Errorf("target %s: listen on %v port %d: %w", cfg.Name, a, cfg.CMPort, err)
 		}

@@ -6,35 +6,86 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/ctlapi"
+	"github.com/srpd/srpd/transport"
 	"github.com/srpd/srpd/transport/softroce"
 	"github.com/srpd/srpd/transport/softroce/link"
+	"github.com/srpd/srpd/transport/verbs"
 )
 
-// transportRT is a running transport: one softroce device on one UDP socket.
+// transportRT is a running transport: a softroce device on one UDP socket, or a kernel verbs
+// device (transport/verbs, build tag `verbs`). Both implement transport.Device and
+// transport.ConnManager; what only softroce has (per-peer UDP ports, engine counters for the
+// metrics) is reached through type assertions.
 type transportRT struct {
 	cfg   config.Transport
-	dev   *softroce.Device
-	bound netip.AddrPort // the UDP socket's address
+	dev   transport.Device
+	cm    transport.ConnManager
+	bound netip.AddrPort // softroce: the UDP socket's address; verbs: invalid
 	log   *zap.Logger
 }
 
-// openTransport opens the transport's device. The verbs driver is not wired into the daemon
-// yet (there is no transport/verbs package): it is refused with ErrUnsupported.
+// openVerbs opens a kernel verbs device; a variable so that tests can stand in for the engine.
+var openVerbs = verbs.OpenDevice
+
+// openTransport opens the transport's device with the engine its driver names.
 func openTransport(ctx context.Context, cfg config.Transport, log *zap.Logger) (*transportRT, error) {
 	switch cfg.Driver {
 	case config.DriverSoftRoCE:
+		return openSoftRoCE(ctx, cfg, log)
 	case config.DriverVerbs:
-		return nil, fmt.Errorf("transport %s: the verbs driver is not available in this srpd yet (use driver softroce): %w",
-			cfg.Name, ctlapi.ErrUnsupported)
+		return openVerbsTransport(cfg, log)
 	default:
 		return nil, fmt.Errorf("transport %s: unknown driver %q: %w", cfg.Name, cfg.Driver, ctlapi.ErrInvalidArgument)
 	}
+}
+
+// openVerbsTransport opens port cfg.Port of the RDMA device cfg.Device through libibverbs.
+func openVerbsTransport(cfg config.Transport, log *zap.Logger) (*transportRT, error) {
+	if cfg.Device == "" {
+		return nil, fmt.Errorf("transport %s: the verbs driver needs an RDMA device (see `srpctl link list`): %w",
+			cfg.Name, ctlapi.ErrInvalidArgument)
+	}
+	dev, err := openVerbs(cfg.Device, verbs.Config{Port: cfg.Port, Logger: log.Named("verbs")})
+	if err != nil {
+		switch {
+		case errors.Is(err, verbs.ErrUnavailable) && !verbs.Built:
+			return nil, fmt.Errorf("transport %s: driver verbs (device %s): srpd was built without -tags verbs "+
+				"(rebuild with `go build -tags verbs`, cgo and libibverbs-dev/librdmacm-dev, or use driver softroce): %w (%w)",
+				cfg.Name, cfg.Device, ctlapi.ErrUnsupported, verbs.ErrUnavailable)
+		case errors.Is(err, verbs.ErrUnavailable):
+			return nil, fmt.Errorf("transport %s: driver verbs: device %s port %d: %w (see `srpctl link list`) (%w)",
+				cfg.Name, cfg.Device, cfg.Port, err, ctlapi.ErrUnavailable)
+		}
+		return nil, fmt.Errorf("transport %s: driver verbs: device %s port %d: %w", cfg.Name, cfg.Device, cfg.Port, err)
+	}
+	cm, ok := dev.(transport.ConnManager)
+	if !ok {
+		closeDevice(dev, log)
+		return nil, fmt.Errorf("transport %s: device %s has no RDMA connection manager: %w", cfg.Name, cfg.Device, ctlapi.ErrUnsupported)
+	}
+	t := &transportRT{cfg: cfg, dev: dev, cm: cm, log: log}
+	a := dev.Attr()
+	var addrs []string
+	for _, ip := range t.addrs() {
+		addrs = append(addrs, ip.String())
+	}
+	log.Info("transport up", zap.String("driver", cfg.Driver), zap.String("device", cfg.Device), zap.Int("port", cfg.Port),
+		zap.Strings("addresses", addrs), zap.Stringer("active_mtu", a.ActiveMTU), zap.Int("max_qp_wr", a.MaxQPWR))
+	if cfg.MTU != 0 {
+		log.Info("verbs: the path MTU is the port's active MTU; the configured mtu is not applied",
+			zap.Int("mtu", cfg.MTU), zap.Stringer("active_mtu", a.ActiveMTU))
+	}
+	return t, nil
+}
+
+func openSoftRoCE(ctx context.Context, cfg config.Transport, log *zap.Logger) (*transportRT, error) {
 	addr, err := bindAddress(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("transport %s: %w", cfg.Name, err)
@@ -60,7 +111,7 @@ func openTransport(ctx context.Context, cfg config.Transport, log *zap.Logger) (
 		_ = lnk.Close()
 		return nil, fmt.Errorf("transport %s: %w", cfg.Name, err)
 	}
-	t := &transportRT{cfg: cfg, dev: dev, bound: lnk.LocalAddrPort(), log: log}
+	t := &transportRT{cfg: cfg, dev: dev, cm: dev, bound: lnk.LocalAddrPort(), log: log}
 	log.Info("transport up", zap.String("driver", cfg.Driver), zap.Stringer("udp", t.bound), zap.Int("mtu", cfg.MTU))
 	return t, nil
 }
@@ -123,24 +174,65 @@ func hostAddrs(v4 bool) []netip.Addr {
 	return out
 }
 
-// addrs are the IP addresses the transport answers on.
+// addrs are the IP addresses the transport answers on. A verbs device's link-local IPv6 GIDs
+// are left out (rdma_cm needs a scope to bind them, and RDMA CM peers use routable addresses).
 func (t *transportRT) addrs() []netip.Addr {
 	var out []netip.Addr
 	for _, a := range t.dev.Addrs() {
-		out = append(out, a.Addr())
+		ip := a.Addr().Unmap()
+		if t.cfg.Driver == config.DriverVerbs && (ip.IsLinkLocalUnicast() || slices.Contains(out, ip)) {
+			continue
+		}
+		out = append(out, ip)
 	}
-	if len(out) == 0 {
+	if len(out) == 0 && t.bound.IsValid() {
 		out = append(out, t.bound.Addr())
 	}
 	return out
+}
+
+// prefers4 reports whether the transport's (first) address is IPv4: the family to prefer when
+// a target's host name resolves to both.
+func (t *transportRT) prefers4() bool {
+	if t.bound.IsValid() {
+		return t.bound.Addr().Is4()
+	}
+	as := t.addrs()
+	return len(as) == 0 || as[0].Is4()
+}
+
+// peerPorter is softroce's per-peer UDP port (the kernel verbs stack is always on 4791).
+type peerPorter interface {
+	SetPeerUDPPort(addr netip.Addr, port uint16)
 }
 
 // peerPort tells the device that a peer at ip uses our UDP port, when ours is not the RoCEv2
 // port 4791 (several daemons on one host, tests): a softroce peer on another port must be
 // configured with the same udp_port; a kernel (rxe) peer is always on 4791, and so must we be.
 func (t *transportRT) peerPort(ip netip.Addr) {
-	if t.bound.Port() != link.UDPPort {
-		t.dev.SetPeerUDPPort(ip, t.bound.Port())
+	pp, ok := t.dev.(peerPorter)
+	if ok && t.bound.IsValid() && t.bound.Port() != link.UDPPort {
+		pp.SetPeerUDPPort(ip, t.bound.Port())
+	}
+}
+
+// softroceStats returns the softroce engine's counters, or ok false for another engine.
+func (t *transportRT) softroceStats() (s softroce.Stats, cm softroce.CMStats, ok bool) {
+	d, ok := t.dev.(interface {
+		Stats() softroce.Stats
+		CMStats() softroce.CMStats
+	})
+	if !ok {
+		return s, cm, false
+	}
+	return d.Stats(), d.CMStats(), true
+}
+
+func closeDevice(dev transport.Device, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := dev.Close(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		log.Warn("closing transport", zap.Error(err))
 	}
 }
 
@@ -155,6 +247,12 @@ func (t *transportRT) close(ctx context.Context) {
 
 func (t *transportRT) info() ctlapi.TransportInfo {
 	info := ctlapi.TransportInfo{Name: t.cfg.Name, Driver: t.cfg.Driver, Device: t.dev.Name(), State: ctlapi.StateUp}
+	if t.cfg.Driver == config.DriverVerbs {
+		for _, a := range t.addrs() {
+			info.Addresses = append(info.Addresses, a.String())
+		}
+		return info
+	}
 	for _, a := range t.dev.Addrs() {
 		info.Addresses = append(info.Addresses, a.String())
 	}

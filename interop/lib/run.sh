@@ -183,7 +183,7 @@ guest_report() {   # guest_report ROLE [full]
     [ -f "$f" ] || return 0
     grep -E "^\[$1( |\])" "$f" | grep -vE ' note: insmod' | sed 's/^/  /' | tee -a "$SUMMARY"
     if [ "${2:-}" = full ]; then
-        grep -E '^    (fio|target log|test): ' "$f" | tail -n 120 | tee -a "$SUMMARY" || true
+        grep -E '^    (fio|target log|test|srpd log|srpctl|nbdcheck|verify|check): ' "$f" | tail -n 120 | tee -a "$SUMMARY" || true
         echo "  --- $1 kernel log (srp/rdma lines) ---" | tee -a "$SUMMARY"
         sed -n '/^----- dmesg/,/^----- end dmesg/p' "$f" | grep -E 'srp|rdma|rxe|uverbs|ucm|[Rr]eject|[Ll]ogin|scsi|sd[a-z]\b|WARNING|BUG:|Call Trace|segfault' \
             | grep -vE 'ACPI|^-----' | tail -n 60 | sed 's/^/  /' | tee -a "$SUMMARY"

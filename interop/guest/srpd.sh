@@ -1,0 +1,35 @@
+# Shared by the srpd roles (sourced by /etc/srpdtarget.sh and /etc/srpdinitiator.sh): start the
+# real srpd (built with -tags verbs) on /etc/srpd.yaml, wait for "srpd started", stop it.
+SRPCTL="/opt/srpd/srpctl --socket /tmp/srpd.sock --timeout 20s"
+
+srpd_start() {   # srpd_start SECONDS
+    /opt/srpd/srpd -c /tmp/srpd.yaml --log-format console > /tmp/srpd.out 2> /tmp/srpd.log &
+    SRPD_PID=$!
+    i=0
+    while [ "$i" -lt $(($1 * 5)) ]; do
+        grep -q 'srpd started' /tmp/srpd.log && return 0
+        kill -0 "$SRPD_PID" 2>/dev/null || break
+        sleep 0.2; i=$((i + 1))
+    done
+    log "srpd did not start within ${1}s"
+    sed 's/^/    srpd log: /' /tmp/srpd.log | tail -n 40
+    return 1
+}
+
+srpd_stop() {    # SIGTERM (a drain: logouts, NBD exports closed), 30 s, then SIGKILL; sets SRPD_RC
+    kill -TERM "$SRPD_PID" 2>/dev/null
+    i=0
+    while kill -0 "$SRPD_PID" 2>/dev/null && [ "$i" -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    if kill -0 "$SRPD_PID" 2>/dev/null; then
+        log "srpd did not stop within 30 s of SIGTERM"; kill -9 "$SRPD_PID"; wait "$SRPD_PID"; SRPD_RC=137
+    else
+        wait "$SRPD_PID"; SRPD_RC=$?
+    fi
+    sed 's/^/    srpd log: /' /tmp/srpd.log | grep -vE 'DEBUG' | tail -n 60
+    log "srpd exit $SRPD_RC"
+}
+
+ctl_show() {     # ctl_show ARGS...: an srpctl command's output, indented
+    echo "    \$ srpctl $*"
+    $SRPCTL "$@" 2>&1 | sed 's/^/    srpctl: /'
+}

@@ -8,7 +8,8 @@ import (
 )
 
 // cq implements transport.CQ: a fixed ring of WCs. Engine code pushes under dev.mu then cq.mu
-// (lock order dev.mu → cq.mu); Poll takes only cq.mu.
+// (lock order dev.mu → cq.mu); Poll takes only cq.mu. Completions pushed by the receive loop
+// are notified when it releases dev.mu (Device.rxNotify).
 type cq struct {
 	dev    *Device
 	mu     sync.Mutex
@@ -18,6 +19,8 @@ type cq struct {
 	notify chan struct{}
 	closed bool
 	users  int // QPs (dev.mu)
+	// deferred: a notification is owed at the end of the receive batch (dev.mu).
+	deferred bool
 }
 
 func (c *cq) Cap() int                { return len(c.ring) }
@@ -53,11 +56,25 @@ func (c *cq) push(wc *transport.WC) bool {
 	c.ring[i] = *wc
 	c.n++
 	c.mu.Unlock()
+	if d := c.dev; d.rxHolds {
+		// The receive loop notifies once it has released dev.mu (Device.rxNotify): a waiter
+		// woken now would only block on dev.mu.
+		if !c.deferred {
+			c.deferred = true
+			d.notifyCQs = append(d.notifyCQs, c)
+		}
+		return true
+	}
+	c.wake()
+	return true
+}
+
+// wake gives the notification token (at most one is pending).
+func (c *cq) wake() {
 	select {
 	case c.notify <- struct{}{}:
 	default:
 	}
-	return true
 }
 
 func (c *cq) Wait(ctx context.Context) error {

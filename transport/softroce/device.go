@@ -13,6 +13,16 @@
 // happens outside it. Packet buffers, queue rings and the CQ are preallocated, so the steady
 // state does not allocate per packet or per work request.
 //
+// To save goroutine handoffs at low queue depth, packets are also sent by whoever produced the
+// work: PostSend builds and sends the first packets of its WRs from the caller's goroutine when
+// the transmit loop does not have the QP (postInline packets at most), and the receive loop
+// sends, at the end of each batch, the ACKs/NAKs, READ responses and requester packets its
+// batch released (rxInline full-size packets at most). The rest, retransmissions after timers
+// and everything behind back-pressure stay with the transmit loop. Whoever builds packets does
+// so under the device mutex and takes sendMu before releasing it, so packets reach the link in
+// the order they were built (PSN order per QP) whichever goroutine sends them. CQ notifications
+// raised by the receive loop are given after it releases the device mutex.
+//
 // Not implemented: atomics (compare-swap, fetch-add, ATOMIC_WRITE and FLUSH requests are NAKed
 // with "invalid request", and atomic WRs are refused at post time), UD/UC QPs (but QP1, the GSI
 // QP that carries CM MADs: qp1.go), SRQs, memory windows, alternate paths. Connection management
@@ -36,6 +46,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -95,8 +106,23 @@ type Device struct {
 	npd     int
 	ncq     int
 	// transmit scheduling
-	ready    []*qp // QPs with requester or read-response work
-	touched  []*qp // QPs with control packets pending at the end of an rx batch
+	ready   []*qp // QPs with requester or read-response work
+	touched []*qp // QPs with control packets or transmit work pending at the end of an rx batch
+	// rxBatch is set while the receive loop processes a batch: schedule then only notes the QP
+	// (touched, wantTx), and the receive loop sends what it can itself at the end of the batch
+	// instead of waking the transmit loop.
+	rxBatch bool
+	// rxHolds is set while the receive loop holds mu: CQ notifications wait in notifyCQs
+	// until it releases mu (rxNotify), so that a woken consumer does not block on mu at once.
+	rxHolds   bool
+	notifyCQs []*cq
+	// txHolds is set while the transmit loop holds sendMu (PostSend then leaves its packets
+	// to the transmit loop rather than wait for a long batch).
+	txHolds atomic.Bool
+	// Buffers for packets built by a posting goroutine (PostSend sends from the caller when
+	// the transmit path is idle); they belong to whoever holds sendMu.
+	postBufs [][]byte
+	postPkts []link.Packet
 	deadline time.Time
 	kick     chan struct{}
 	done     chan struct{}
@@ -135,6 +161,12 @@ func Open(cfg Config) (*Device, error) {
 	if d.name == "" {
 		d.name = defaultName
 	}
+	d.postBufs = make([][]byte, postInline)
+	backing := make([]byte, postInline*bufSize)
+	for i := range d.postBufs {
+		d.postBufs[i] = backing[i*bufSize : (i+1)*bufSize : (i+1)*bufSize]
+	}
+	d.postPkts = make([]link.Packet, 0, postInline)
 	if d.log == nil {
 		d.log = zap.NewNop()
 	}
@@ -346,12 +378,19 @@ func (d *Device) drained() bool {
 	return len(d.cm.txq) == 0
 }
 
-// schedule puts q on the transmit loop's ready list and wakes it. dev.mu held.
+// schedule puts q on the transmit loop's ready list and wakes it. During a receive batch the
+// QP is only noted: the receive loop serves it at the end of the batch (rxFlush). dev.mu held.
 func (d *Device) schedule(q *qp) {
-	if !q.inReady {
-		q.inReady = true
-		d.ready = append(d.ready, q)
+	if q.inReady {
+		return // the transmit loop has it and has been woken (it empties ready before sleeping)
 	}
+	if d.rxBatch {
+		q.wantTx = true
+		d.touch(q)
+		return
+	}
+	q.inReady = true
+	d.ready = append(d.ready, q)
 	d.wake()
 }
 
@@ -405,10 +444,15 @@ func (d *Device) rxLoop() {
 	for i := range rx {
 		rx[i].Buf = make([]byte, bufSize)
 	}
-	ctl := make([]link.Packet, 0, 2*bs)
+	ctl := make([]link.Packet, 0, 2*bs+rxInline)
 	ctlBufs := make([][]byte, 2*bs)
 	for i := range ctlBufs {
 		ctlBufs[i] = make([]byte, 64)
+	}
+	big := make([][]byte, rxInline)
+	backing := make([]byte, rxInline*bufSize)
+	for i := range big {
+		big[i] = backing[i*bufSize : (i+1)*bufSize : (i+1)*bufSize]
 	}
 	for {
 		for i := range rx {
@@ -440,30 +484,88 @@ func (d *Device) rxLoop() {
 			return
 		}
 		now := time.Now()
+		d.rxHolds, d.rxBatch = true, true
 		for i := 0; i < n; i++ {
 			d.input(&rx[i], now)
 		}
-		ctl = ctl[:0]
-		for _, q := range d.touched {
-			q.inTouched = false
-			if q.ctl.pending && q.resp.nstream == 0 && len(ctl) < len(ctlBufs) {
-				ctl = append(ctl, q.buildCtl(ctlBufs[len(ctl)]))
-			} else if q.ctl.pending {
-				d.schedule(q) // behind read responses: the transmit loop sends it
-			}
-		}
-		clear(d.touched)
-		d.touched = d.touched[:0]
+		d.rxBatch = false
+		ctl = d.rxFlush(ctl[:0], ctlBufs, big, now)
 		ctl = d.cmTx(ctl)
+		d.rxHolds = false
 		if len(ctl) == 0 {
 			d.mu.Unlock()
+			d.rxNotify()
 			continue
 		}
 		d.sendMu.Lock()
 		d.mu.Unlock()
+		d.rxNotify()
 		d.send(ctl)
 		d.sendMu.Unlock()
+		clear(ctl) // drop references to buffers' views
 	}
+}
+
+// rxNotify gives the CQ notifications owed by the last receive batch. Only the receive loop
+// touches notifyCQs (under mu while rxHolds, then here after releasing it).
+func (d *Device) rxNotify() {
+	for i, c := range d.notifyCQs {
+		d.notifyCQs[i] = nil
+		c.deferred = false
+		c.wake()
+	}
+	d.notifyCQs = d.notifyCQs[:0]
+}
+
+const (
+	// rxInline is the number of full-size packets the receive loop builds itself at the end of
+	// a batch (READ responses, requester packets released by ACKs); more is left to the
+	// transmit loop.
+	rxInline = 16
+	// postInline is the number of packets PostSend builds and sends from the caller's goroutine;
+	// the rest of a longer message is left to the transmit loop.
+	postInline = 8
+)
+
+// rxFlush builds the packets owed at the end of a receive batch: for every QP touched, its
+// pending ACK/NAK (into a small buffer of ctlBufs) or, when it has requester or read-response
+// work, up to the budget of full-size buffers big; whatever does not fit goes to the transmit
+// loop. A QP the transmit loop already has keeps it (it sends control packets behind read
+// responses, in order). dev.mu held; the caller sends the packets under sendMu.
+func (d *Device) rxFlush(pkts []link.Packet, ctlBufs, big [][]byte, now time.Time) []link.Packet {
+	nctl, nbig := 0, 0
+	for _, q := range d.touched {
+		q.inTouched = false
+		want := q.wantTx
+		q.wantTx = false
+		switch {
+		case q.resp.nstream == 0 && (!want || q.inReady):
+			if !q.ctl.pending {
+				continue
+			}
+			if nctl < len(ctlBufs) {
+				pkts = append(pkts, q.buildCtl(ctlBufs[nctl]))
+				nctl++
+			} else {
+				d.schedule(q)
+			}
+		case q.inReady:
+			// The transmit loop streams q's read responses; it sends the ACK/NAK after them.
+		case nbig < len(big):
+			before := len(pkts)
+			var more bool
+			pkts, more = q.work(pkts, big[nbig:], now)
+			nbig += len(pkts) - before
+			if more {
+				d.schedule(q)
+			}
+		default:
+			d.schedule(q)
+		}
+	}
+	clear(d.touched)
+	d.touched = d.touched[:0]
+	return pkts
 }
 
 // txBatch is the number of packets the transmit loop builds before handing them to the link.
@@ -497,8 +599,10 @@ func (d *Device) txLoop() {
 		deadline := d.deadline
 		if len(pkts) > 0 {
 			d.sendMu.Lock()
+			d.txHolds.Store(true)
 			d.mu.Unlock()
 			d.send(pkts)
+			d.txHolds.Store(false)
 			d.sendMu.Unlock()
 			clear(pkts) // drop references to buffers' views
 			continue
@@ -529,10 +633,8 @@ func (d *Device) transmit(pkts []link.Packet, bufs [][]byte, now time.Time) []li
 		d.ready[len(d.ready)-1] = nil
 		d.ready = d.ready[:len(d.ready)-1]
 		q.inReady = false
-		before := len(pkts)
 		more := false
-		pkts, more = q.work(pkts, bufs, now)
-		_ = before
+		pkts, more = q.work(pkts, bufs[len(pkts):], now)
 		if more {
 			q.inReady = true
 			d.ready = append(d.ready, q)

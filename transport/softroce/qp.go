@@ -145,6 +145,7 @@ type qp struct {
 	timeout   time.Duration
 
 	inReady, inTouched bool
+	wantTx             bool // scheduled during a receive batch (Device.rxFlush)
 	closed             bool
 }
 
@@ -496,25 +497,66 @@ func postErr(i int, wrid uint64, err error, detail string) error {
 	return &transport.PostError{Index: i, WRID: wrid, Err: err}
 }
 
+// PostSend queues wrs and, when the transmit path is idle (the transmit loop does not have the
+// QP and nobody is sending), builds and sends their first packets from the caller's goroutine
+// instead of waking the transmit loop: one handoff less per message. Packets are built under
+// dev.mu and sendMu is taken before dev.mu is released, as the loops do, so they reach the link
+// in the order they were built (PSN order per QP).
 func (q *qp) PostSend(wrs []transport.SendWR) error {
 	d := q.dev
 	d.mu.Lock()
-	defer d.mu.Unlock()
+	queued, err := q.postSend(wrs)
+	if !queued {
+		d.mu.Unlock()
+		return err
+	}
+	if q.inReady {
+		d.mu.Unlock() // the transmit loop has q (and has been woken)
+		return nil
+	}
+	if !d.sendMu.TryLock() {
+		if d.txHolds.Load() {
+			// The transmit loop is sending a batch and goes on with the ready list after it.
+			d.schedule(q)
+			d.mu.Unlock()
+			return nil
+		}
+		// The receive loop or another poster is sending a few packets: wait for them (the
+		// packets built next must follow them on the wire anyway).
+		d.sendMu.Lock()
+	}
+	pkts, more := q.work(d.postPkts[:0], d.postBufs, time.Now())
+	if more {
+		d.schedule(q) // the rest of a long message: the transmit loop sends it after these
+	}
+	d.mu.Unlock()
+	if len(pkts) > 0 {
+		d.send(pkts)
+		clear(pkts) // drop references to buffers' views
+	}
+	d.sendMu.Unlock()
+	return nil
+}
+
+// postSend validates and queues wrs; queued reports whether the QP has new work to transmit.
+// dev.mu held.
+func (q *qp) postSend(wrs []transport.SendWR) (queued bool, err error) {
+	d := q.dev
 	if q.closed || d.closing {
-		return postErr(0, firstID(wrs), transport.ErrClosed, "")
+		return false, postErr(0, firstID(wrs), transport.ErrClosed, "")
 	}
 	switch q.state {
 	case transport.QPSRTS, transport.QPSSQD, transport.QPSErr:
 	default:
-		return postErr(0, firstID(wrs), transport.ErrQPState, q.state.String())
+		return false, postErr(0, firstID(wrs), transport.ErrQPState, q.state.String())
 	}
 	for i := range wrs {
 		if err := q.validateSend(i, &wrs[i]); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if free := len(q.sq) - int(q.sqTail-q.sqHead); len(wrs) > free {
-		return postErr(free, wrs[free].ID, transport.ErrSQFull, fmt.Sprintf("%d WRs, %d free", len(wrs), free))
+		return false, postErr(free, wrs[free].ID, transport.ErrSQFull, fmt.Sprintf("%d WRs, %d free", len(wrs), free))
 	}
 	for i := range wrs {
 		wr := &wrs[i]
@@ -541,12 +583,9 @@ func (q *qp) PostSend(wrs []transport.SendWR) error {
 	}
 	if q.state == transport.QPSErr {
 		q.flushSQ()
-		return nil
+		return false, nil
 	}
-	if len(wrs) > 0 {
-		d.schedule(q)
-	}
-	return nil
+	return len(wrs) > 0, nil
 }
 
 func firstID(wrs []transport.SendWR) uint64 {
@@ -667,21 +706,23 @@ func (q *qp) linkPacket(p wire.Packet) link.Packet {
 
 // work is the transmit loop's service of q: pending control packet (behind read responses),
 // read responses, then the requester. It returns whether q has more to send. dev.mu held.
+// The packets are appended to pkts, built into bufs[0], bufs[1], ... (at most len(bufs)).
 func (q *qp) work(pkts []link.Packet, bufs [][]byte, now time.Time) ([]link.Packet, bool) {
 	if q.closed {
 		return pkts, false
 	}
-	for len(pkts) < len(bufs) {
+	base := len(pkts)
+	for k := 0; k < len(bufs); k = len(pkts) - base {
 		if q.resp.nstream > 0 && q.state != transport.QPSErr {
-			pkts = q.readResponse(pkts, bufs[len(pkts)])
+			pkts = q.readResponse(pkts, bufs[k])
 			continue
 		}
 		if q.ctl.pending {
-			pkts = append(pkts, q.buildCtl(bufs[len(pkts)]))
+			pkts = append(pkts, q.buildCtl(bufs[k]))
 			continue
 		}
 		var ok bool
-		pkts, ok = q.requester(pkts, bufs[len(pkts)], now)
+		pkts, ok = q.requester(pkts, bufs[k], now)
 		if !ok {
 			return pkts, false
 		}

@@ -32,8 +32,11 @@
 //   - The buffer a registration mapped goes back to its owner (BufferOwner.BufferReleased) only
 //     when the invalidation is confirmed: by the LOCAL_INV's own signaled completion, by a later
 //     signaled completion on the same send queue (which retires every earlier WR), or by a receive
-//     completion reporting remote invalidation (SEND_WITH_INV) of exactly that rkey. A remote
-//     invalidation of a key of ours that matches no live registration quarantines the MR.
+//     completion reporting remote invalidation (SEND_WITH_INV) of exactly that rkey. Send and
+//     receive completions are not ordered with respect to each other, so one such report per
+//     registration is accepted whether it is polled before or after the registration's death; a
+//     remote invalidation of a key of ours that matches no live registration otherwise (a
+//     second report of one registration included) quarantines the MR.
 //   - Unsignaled WRs are tracked per send queue (sqTracker). A post that would leave more than
 //     Config.SignalInterval WRs without a later signaled one gets its last WR signaled; Flush posts
 //     a sentinel (signaled zero-length RDMA WRITE) when invalidations would otherwise wait for a

@@ -28,7 +28,8 @@ import (
 //     between post and execution.
 //  3. No buffer is released before its invalidation is confirmed: when the owner gets it back the
 //     device has no VALID mapping with that key and no REG_MR with that key is still queued.
-//  4. Released with an error only after a QP error (or a peer's failed invalidation) happened.
+//  4. Released with an error only after a QP error, a peer's failed invalidation, or a peer's
+//     repeated invalidation of one registration (reported to the pool) happened.
 //  5. After quiescing (invalidate everything, drain, recover if needed) every MR is free, every
 //     handle is back, every buffer is back with its owner, and the pool closes cleanly.
 
@@ -168,6 +169,9 @@ type modelReg struct {
 	segs   []Seg
 	state  int
 	given  bool // the harness gave the handle back (invalidate)
+	// reports counts the receive completions reporting remote invalidation of rkey that were
+	// handed to the pool while this was the latest registration with that rkey.
+	reports int
 }
 
 // addrAt is the device address of byte off of the registration (through its segments).
@@ -184,16 +188,17 @@ func (m *modelReg) addrAt(off uint64) uint64 {
 // coverage counts what the sequences of one test did (logged at the end, to show that the
 // interesting interleavings do happen).
 type coverage struct {
-	sequences, posts, failedPosts, accessOK, accessWhileInvalidating, accessDenied      int
-	remoteInv, buggyInv, qpErrors, recoveries, releasedOK, releasedErr, staleWCs, wraps int
+	sequences, posts, failedPosts, accessOK, accessWhileInvalidating, accessDenied                                   int
+	remoteInv, remoteInvFailed, buggyInv, dupReports, qpErrors, recoveries, releasedOK, releasedErr, staleWCs, wraps int
 }
 
 func (c *coverage) String() string {
 	return fmt.Sprintf("%d sequences: %d posts (%d failed on purpose), adversary accesses %d ok (%d through a key "+
-		"whose LOCAL_INV was posted but not confirmed) / %d denied, %d remote invalidations (+%d by a buggy peer), "+
-		"%d QP errors, %d recoveries, buffers released %d ok / %d with error, %d stale completions",
+		"whose LOCAL_INV was posted but not confirmed) / %d denied, %d remote invalidations (%d failed: key "+
+		"replaced meanwhile; +%d by a buggy peer), %d repeated reports of one registration, %d QP errors, %d recoveries, buffers released %d ok / %d with error, "+
+		"%d stale completions",
 		c.sequences, c.posts, c.failedPosts, c.accessOK, c.accessWhileInvalidating, c.accessDenied, c.remoteInv,
-		c.buggyInv, c.qpErrors, c.recoveries, c.releasedOK, c.releasedErr, c.staleWCs)
+		c.remoteInvFailed, c.buggyInv, c.dupReports, c.qpErrors, c.recoveries, c.releasedOK, c.releasedErr, c.staleWCs)
 }
 
 type harness struct {
@@ -210,7 +215,6 @@ type harness struct {
 	issued   []uint32             // every rkey ever issued
 	latest   map[uint32]*modelReg // rkey value → latest registration issued with it
 	ulpWant  map[uint64]bool      // signaled ULP SENDs whose completion is due
-	buggyInv map[uint32]bool      // rkeys a buggy peer invalidated
 	accesses int
 	toReturn []*modelReg // released handles the harness has not given back yet
 	ulpID    uint64
@@ -270,7 +274,8 @@ func (h *harness) released(handle any, err error) {
 		h.violate("reg %d (rkey %#x) released while its REG_MR is still queued", m.id, m.rkey)
 	}
 	if err != nil && h.errors == 0 {
-		h.violate("reg %d released with error %v although no error happened", m.id, err)
+		h.violate("reg %d released with error %v although no error happened (engine QP in error: %v)", m.id, err,
+			h.eng.inError())
 	}
 }
 
@@ -290,7 +295,7 @@ func newHarness(t *rapid.T, eng engine, mk func(h *harness) poolUT, nMR, maxPage
 		eng: eng,
 		nMR: nMR, bufPages: maxPages, bufLent: make([]bool, nBuf),
 		byHandle: map[any]*modelReg{}, latest: map[uint32]*modelReg{}, ulpWant: map[uint64]bool{},
-		buggyInv: map[uint32]bool{}, logf: t.Logf,
+		logf: t.Logf,
 	}
 	h.mem = eng.alloc(nBuf * maxPages * fakePage)
 	h.pool = mk(h)
@@ -575,18 +580,46 @@ func (h *harness) deliverRecv(t *rapid.T) bool {
 	if wc.Status != transport.WCSuccess {
 		h.errors++
 	}
+	// A report of remote invalidation names the registration whose key was in force when the
+	// peer's SEND_WITH_INV executed: the latest one issued with that key (rxe_invalidate_mr, like
+	// the double and softroce, compares the key with the MR's key in force and accepts a FREE MR
+	// whose key still matches; any later REG_MR of the MR installs another key). Each
+	// registration has at most one legitimate report, polled before or after the completion
+	// that confirms its LOCAL_INV (send and receive completions are not ordered with respect to
+	// each other). Another one means a (buggy) peer invalidated the key again while the MR was
+	// FREE with it: a peer error, which the pool must report (ErrRKeyMismatch) and may act on at
+	// once (quarantine, resolved within the call if its send queue is drained, releasing the
+	// MR's current registration with the error). So the error is counted before the pool sees
+	// the completion, as for failed send completions.
+	var dup *modelReg
+	if wc.Status == transport.WCSuccess && wc.Flags&transport.WCWithInvalidate != 0 &&
+		(wc.QPN == 0 || wc.QPN == h.eng.qp().QPN()) { // (else stale: from a QP before Recover)
+		if m := h.latest[wc.InvalidatedRKey]; m != nil {
+			m.reports++
+			if m.reports > 1 {
+				dup = m
+				h.errors++
+				h.cov.dupReports++
+			}
+		}
+	}
 	err := h.pool.recvWC(&wc)
 	h.logf("deliver recv %v inv=%#x: %v", wc.Status, wc.InvalidatedRKey, err)
 	if errors.Is(err, ErrStaleCompletion) {
 		return true
 	}
-	if err != nil {
-		// A buggy peer may invalidate a key that is FREE on the device with that same key (rxe and
-		// the double accept it): the pool must report it and quarantine the MR.
-		if errors.Is(err, ErrRKeyMismatch) && h.buggyInv[wc.InvalidatedRKey] {
-			h.errors++
-			return true
+	if dup != nil {
+		_, strict := h.pool.(*frAdapter) // (the naive pool ignores receive completions)
+		switch {
+		case errors.Is(err, ErrRKeyMismatch):
+		case err == nil && (!strict || h.eng.inError()): // a pool in QP error ignores reports
+		default:
+			t.Fatalf("report #%d of reg %d's rkey %#x (a peer error): %v, want %v", dup.reports, dup.id,
+				wc.InvalidatedRKey, err, ErrRKeyMismatch)
 		}
+		return true
+	}
+	if err != nil {
 		t.Fatalf("recv completion: %v", err)
 	}
 	return true
@@ -671,7 +704,6 @@ func (h *harness) actRemoteInvalidate(t *rapid.T) {
 	if len(h.issued) > 0 && rapid.IntRange(0, 9).Draw(t, "buggy") == 0 {
 		rkey := rapid.SampledFrom(h.issued).Draw(t, "rkey")
 		before := h.eng.inError()
-		h.buggyInv[rkey] = true
 		h.cov.buggyInv++
 		h.eng.remoteInvalidate(rkey)
 		if !before && h.eng.inError() {
@@ -684,9 +716,18 @@ func (h *harness) actRemoteInvalidate(t *rapid.T) {
 		t.Skip("no key in force")
 	}
 	m := rapid.SampledFrom(c).Draw(t, "reg")
+	// On softroce the send queue executes by itself: a LOCAL_INV of this key and the REG_MR of the
+	// MR's next registration can both execute between the check above and the SEND_WITH_INV's
+	// arrival, which then fails (the key in force is another) and puts our QP in ERR. That is
+	// a failed remote invalidation like a buggy peer's, and is counted the same way.
+	before := h.eng.inError()
 	h.eng.remoteInvalidate(m.rkey)
 	h.cov.remoteInv++
-	h.logf("peer invalidates reg %d rkey %#x", m.id, m.rkey)
+	if !before && h.eng.inError() {
+		h.errors++
+		h.cov.remoteInvFailed++
+	}
+	h.logf("peer invalidates reg %d rkey %#x: qp in error %v", m.id, m.rkey, h.eng.inError())
 }
 
 func (h *harness) actFlush(t *rapid.T) {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/srpd/srpd/transport"
 )
@@ -75,7 +76,7 @@ type mrSlot struct {
 	state   mrState
 	keyByte uint8     // key byte of the last registration built (initially the MR's initial key)
 	live    [4]uint64 // key bytes of registrations that may still be valid on the device
-	dead    [4]uint64 // key bytes of registrations confirmed dead, until the byte is reused
+	dead    [4]uint64 // key bytes of dead registrations whose remote-invalidation report may still come
 	cur     *Reg      // the registration in registering / valid state
 	regs    *Reg      // registrations whose key is marked live (posted, invalidating)
 	pendInv int       // registrations of this MR with a LOCAL_INV posted and unconfirmed
@@ -165,8 +166,9 @@ func (e *WCError) Unwrap() error { return e.Err }
 
 // Pool is a fast-registration MR pool for one QP. All methods are safe for concurrent use.
 type Pool struct {
-	mu  sync.Mutex
-	log *zap.Logger
+	mu      sync.Mutex
+	log     *zap.Logger // baseLog with the QP's number (p.mu)
+	baseLog *zap.Logger
 
 	attr      transport.DeviceAttr
 	pd        transport.PD
@@ -273,6 +275,7 @@ func New(cfg Config) (*Pool, error) {
 	}
 	p := &Pool{
 		log:       log.With(zap.Uint32("qpn", cfg.QP.QPN())),
+		baseLog:   log,
 		attr:      cfg.Attr,
 		pd:        cfg.PD,
 		qp:        cfg.QP,
@@ -899,14 +902,24 @@ func (p *Pool) remoteInvalidatedLocked(rkey uint32) error {
 			// still be queued executes before any later REG_MR of this MR (SQ order) and finds the
 			// MR FREE with that key, which rxe and softroce accept.
 			p.confirmLocked(r, nil)
+			// This was the registration's one report: leave no room for another (confirmLocked
+			// leaves room for a report polled after a registration's death; see below).
+			s.clearDead(uint8(rkey))
 			p.c.invRemote++
 			return nil
 		}
 	}
 	if s.index == rkey>>8 && s.isDead(uint8(rkey)) {
 		// The registration is already dead: its LOCAL_INV completed (or it was torn down) before
-		// this receive completion was polled; send and receive completions are not ordered with
-		// respect to each other. Accept each such report once.
+		// this receive completion was polled. Completions of the send queue and of the receive
+		// queue are not ordered with respect to each other (IBA orders completions only within
+		// one work queue), so a peer's SEND_WITH_INV that executed before our LOCAL_INV's
+		// completion may be polled after it. Each registration is allowed exactly one report,
+		// whichever side was polled first: a report confirms a live registration and uses up
+		// its allowance (above), or it uses up the allowance its death left (here). A second
+		// report of one registration is a peer error in either order (a second SEND_WITH_INV;
+		// rxe_invalidate_mr accepts a FREE MR whose key still matches) and falls through to the
+		// mismatch below, so that what the pool reports does not depend on the polling order.
 		s.clearDead(uint8(rkey))
 		return nil
 	}
@@ -926,7 +939,9 @@ func (p *Pool) remoteInvalidatedLocked(rkey uint32) error {
 	return fmt.Errorf("%w: rkey %#x", ErrRKeyMismatch, rkey)
 }
 
-// confirmLocked records that r's key is dead on the device and queues r's owner callback.
+// confirmLocked records that r's key is dead on the device (leaving room for one remote
+// invalidation report of it polled late, see remoteInvalidatedLocked) and queues r's owner
+// callback.
 func (p *Pool) confirmLocked(r *Reg, err error) {
 	s := r.slot
 	s.unlinkReg(r)
@@ -976,9 +991,30 @@ func (p *Pool) enterErrorLocked(cause error) {
 			n++
 		}
 	}
-	p.log.Warn("QP error: MRs quarantined", zap.Error(cause), zap.Int("quarantined", n),
+	p.log.Log(qpErrorLevel(cause), "QP error: MRs quarantined", zap.Error(cause), zap.Int("quarantined", n),
 		zap.Int("outstanding_wrs", p.t.outstanding()))
 	p.wakeLocked()
+}
+
+// qpErrorLevel is the log level of a QP error. A QP goes to the error state on every channel
+// failure (disconnect, the peer going away, a retry timeout); the ULP reports those, and the
+// pool's part, tearing down its registrations, is routine: Info, or Debug when the pool only
+// learnt of the error from flushed completions or out of band (the ULP or CM moved the QP to
+// ERR and knows why). Warn is kept for a local error status: one of the work requests on this
+// send queue failed its own local checks (a LOCAL_INV or REG_MR refused, a bad lkey, a bad
+// length), which points at a bug in the pool, the ULP or the engine.
+func qpErrorLevel(cause error) zapcore.Level {
+	var wce *WCError
+	if !errors.As(cause, &wce) {
+		return zapcore.DebugLevel // HandleQPError, Recover
+	}
+	switch wce.Status {
+	case transport.WCWRFlushErr:
+		return zapcore.DebugLevel
+	case transport.WCLocLenErr, transport.WCLocQPOpErr, transport.WCLocProtErr, transport.WCLocAccessErr:
+		return zapcore.WarnLevel
+	}
+	return zapcore.InfoLevel
 }
 
 // quarantineLocked quarantines s until every WR before sequence number due is retired.
@@ -1120,12 +1156,18 @@ func (p *Pool) Recover(qp transport.QP) error {
 			p.pushFIFO(s)
 		}
 	}
+	oldQPN := p.qp.QPN()
 	if qp != nil {
 		p.qp = qp
 	}
 	p.rdAtomic = 0
 	p.qpErr = nil
-	p.log.Info("recovered", zap.Uint32("qpn", p.qp.QPN()))
+	if qp != nil && qp.QPN() != oldQPN {
+		p.log = p.baseLog.With(zap.Uint32("qpn", qp.QPN())) // later lines name the new QP
+		p.log.Info("recovered", zap.Uint32("old_qpn", oldQPN))
+	} else {
+		p.log.Info("recovered")
+	}
 	p.wakeLocked()
 	p.unlockAndNotify()
 	return firstErr

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/srpd/srpd/transport"
@@ -420,17 +421,122 @@ func TestRemoteInvalidation(t *testing.T) {
 	if err := e.p.Invalidate(a); !errors.Is(err, ErrState) {
 		t.Fatalf("second give-back: %v", err)
 	}
-	// A second report of the same (dead) key is a benign late report once, a mismatch after.
-	if err := e.p.HandleRecvInvalidate(ka); err != nil {
-		t.Fatalf("late report: %v", err)
-	}
+	// The report above was the registration's one report: a second report of the same key is
+	// a second SEND_WITH_INV, a peer error (TestRemoteInvalidationReportOrder: the same whichever
+	// completion was polled first).
 	if err := e.p.HandleRecvInvalidate(ka); !errors.Is(err, ErrRKeyMismatch) {
-		t.Fatalf("second late report: %v", err)
+		t.Fatalf("second report: %v", err)
 	}
 	if err := e.p.HandleRecvInvalidate(0xFFFFFF00); !errors.Is(err, ErrUnknownRKey) {
 		t.Fatalf("unknown: %v", err)
 	}
 	e.noViolations()
+}
+
+// TestRemoteInvalidationReportOrder replays, on the double, the interleaving that TestModelSoftroce
+// hit about one run in four (1 MR, batched invalidations): a peer's SEND_WITH_INV of a live key
+// races with the registration's own LOCAL_INV (both execute: rxe_invalidate_mr, and the double,
+// accept a FREE MR whose key still matches), and the receive completion is polled either before
+// or after the send completion that confirms the LOCAL_INV. Either way that is one legitimate
+// report: no error, the buffer back exactly once, no quarantine. The peer then invalidates the
+// same key again while the MR is still FREE with it; the next registration's REG_MR executes and
+// the send queue drains before that receive completion is polled. That second report is a peer
+// error in both orders (before, the pool accepted it silently if the first report had been
+// polled first, and reported it otherwise): the MR is quarantined and, the send queue being
+// empty, resolved at once, so the next registration goes back to its owner with ErrRKeyMismatch
+// from inside HandleRecvCompletion. The model harness counted the peer's error only after that
+// call returned and flagged the release as "an error although no error happened".
+func TestRemoteInvalidationReportOrder(t *testing.T) {
+	for _, recvFirst := range []bool{false, true} {
+		t.Run(map[bool]string{false: "send completion first", true: "recv completion first"}[recvFirst], func(t *testing.T) {
+			e := newEnv(t, Config{NumMRs: 1, BatchInvalidates: true})
+			recv := func() error {
+				t.Helper()
+				wc, ok := e.qp.popRecv()
+				if !ok {
+					t.Fatal("no receive completion")
+				}
+				return e.p.HandleRecvCompletion(&wc)
+			}
+			a := e.get(0, 1)
+			if err := e.p.Register(a); err != nil {
+				t.Fatal(err)
+			}
+			e.execAll()
+			ka := a.RKey()
+			e.qp.remoteInvalidate(ka) // the peer's SEND_WITH_INV: a is VALID, accepted
+			if err := e.p.Invalidate(a); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.p.Flush(); err != nil { // batched: a sentinel retires the LOCAL_INV
+				t.Fatal(err)
+			}
+			e.execAll() // the LOCAL_INV finds the MR FREE with ka: accepted
+			if recvFirst {
+				if err := recv(); err != nil {
+					t.Fatalf("report before the LOCAL_INV's completion: %v", err)
+				}
+				e.deliver()
+			} else {
+				e.deliver()
+				if err, ok := e.released(a); !ok || err != nil {
+					t.Fatalf("a not released by its LOCAL_INV's completion: %v %v", ok, err)
+				}
+				if err := recv(); err != nil {
+					t.Fatalf("report after the LOCAL_INV's completion: %v", err)
+				}
+			}
+			if err, ok := e.released(a); !ok || err != nil {
+				t.Fatalf("a: released %v err %v", ok, err)
+			}
+			if st := e.p.Stats(); st.Errors != 0 || st.Quarantined != 0 || st.Free != 1 || st.Invalidating != 0 {
+				t.Fatalf("after one report: %+v", st)
+			}
+
+			// The peer invalidates ka again; the MR is still FREE with ka, so the device accepts it.
+			e.qp.remoteInvalidate(ka)
+			if e.qp.state != transport.QPSRTS {
+				t.Fatal("the double refused the second SEND_WITH_INV")
+			}
+			b := e.get(1, 1)
+			kb := b.RKey()
+			if kb == ka {
+				t.Fatal("b got a's key")
+			}
+			if err := e.p.Post(&Chain{Reg: []*Reg{b}, WRs: []transport.SendWR{{ID: 7, Opcode: transport.WRSend, Flags: transport.SendSignaled}}}); err != nil {
+				t.Fatal(err)
+			}
+			e.execAll()
+			e.deliver()
+			if st := e.p.Stats(); st.SQOutstanding != 0 {
+				t.Fatalf("send queue not drained: %+v", st)
+			}
+			if _, ok := e.released(b); ok {
+				t.Fatal("b released before the second report")
+			}
+			if err := recv(); !errors.Is(err, ErrRKeyMismatch) {
+				t.Fatalf("second report of ka: %v", err)
+			}
+			// Resolved within the call: b was VALID, the MR was re-created, b is back with the error.
+			if err, ok := e.released(b); !ok || !errors.Is(err, ErrRKeyMismatch) {
+				t.Fatalf("b: released %v err %v", ok, err)
+			}
+			if _, ok := e.dev.remoteAccess(kb, e.buf(1, 1)[0].Addr, []byte{1}, true); ok {
+				t.Fatal("b's key still valid after its release")
+			}
+			if st := e.p.Stats(); st.Errors != 1 || st.Quarantined != 0 || st.Free != 1 || st.InvalidationsRemote != map[bool]uint64{false: 0, true: 1}[recvFirst] {
+				t.Fatalf("after the second report: %+v", st)
+			}
+			if err := e.p.Invalidate(b); err != nil { // give the handle back
+				t.Fatal(err)
+			}
+			c := e.get(2, 1)
+			if err := e.p.Register(c); err != nil {
+				t.Fatal(err)
+			}
+			e.noViolations()
+		})
+	}
 }
 
 func TestRemoteInvalidationMismatchQuarantines(t *testing.T) {
@@ -474,6 +580,69 @@ func TestRemoteInvalidationMismatchQuarantines(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.noViolations()
+}
+
+// TestQPErrorLogging: a QP error is routine for the pool (every channel failure is one) and is
+// logged at Debug when the pool learns of it from flushed completions or out of band, Info for an
+// error status from the wire, Warn only when a work request failed its local checks; the
+// "recovered" line names the QP once (the new one, with the old one beside it).
+func TestQPErrorLogging(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cause func(e *env)
+		want  zapcore.Level
+	}{
+		{"flushed", func(e *env) { e.qp.setError() }, zapcore.DebugLevel},
+		{"out of band", func(e *env) { e.p.HandleQPError(nil) }, zapcore.DebugLevel},
+		{"remote access error", func(e *env) {
+			// The double's QP has no peer memory: an RDMA WRITE with data completes with
+			// REM_ACCESS_ERR, as a NAK from the responder would.
+			wr := transport.SendWR{ID: 9, Opcode: transport.WRRDMAWrite, RKey: 0x1234, RemoteAddr: 4096,
+				SGL: []transport.SGE{{Addr: e.mem.Addr(), Length: 8}}}
+			_ = e.p.Post(&Chain{WRs: []transport.SendWR{wr}})
+		}, zapcore.InfoLevel},
+		{"local protection error", func(e *env) {
+			wr := transport.SendWR{ID: 9, Opcode: transport.WRSend, SGL: []transport.SGE{{Addr: e.mem.Addr(), Length: 8, LKey: 0xdead00}}}
+			_ = e.p.Post(&Chain{WRs: []transport.SendWR{wr}})
+		}, zapcore.WarnLevel},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, Config{NumMRs: 1})
+			a := e.get(0, 1)
+			if err := e.p.Register(a); err != nil {
+				t.Fatal(err)
+			}
+			tc.cause(e)
+			e.execAll()
+			e.deliver()
+			logs := e.logs.FilterMessage("QP error: MRs quarantined").All()
+			if len(logs) != 1 {
+				t.Fatalf("QP error logged %d times", len(logs))
+			}
+			if logs[0].Level != tc.want {
+				t.Fatalf("QP error (%v) logged at %v, want %v", logs[0].ContextMap()["error"], logs[0].Level, tc.want)
+			}
+			e.qp.reset()
+			q2 := newFakeQP(e.pd, 32, 2)
+			q2.qpn = 0x22
+			if err := e.p.Recover(q2); err != nil {
+				t.Fatal(err)
+			}
+			rec := e.logs.FilterMessage("recovered").All()
+			if len(rec) != 1 {
+				t.Fatalf("recovered logged %d times", len(rec))
+			}
+			var qpns []any
+			for _, f := range rec[0].Context {
+				if f.Key == "qpn" {
+					qpns = append(qpns, f.Integer)
+				}
+			}
+			if len(qpns) != 1 || qpns[0] != int64(0x22) || rec[0].ContextMap()["old_qpn"] != uint32(0x11) {
+				t.Fatalf("recovered: qpn fields %v, context %v", qpns, rec[0].ContextMap())
+			}
+		})
+	}
 }
 
 func TestQPErrorQuarantineAndRecover(t *testing.T) {

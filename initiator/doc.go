@@ -43,10 +43,14 @@
 // the SRP_CMD itself (SRP-2, offset 68). Other data is copied to (writes) or from (reads) the
 // slot's data buffer, which the MR pool registers: one MR gives a direct descriptor, several an
 // indirect descriptor whose whole table is in the IU (ib_srpt cannot fetch external tables). The
-// REG_MRs and the SEND that names their keys go out in one all-or-nothing post. A command
-// completes — and its caller sees the data — only once the target answered and every registration
-// is dead: invalidated remotely (SEND_WITH_INV) or by a LOCAL_INV whose completion the pool
-// confirmed, so the target can never reach a buffer that has been given back. In steady state
+// REG_MRs and the SEND that names their keys go out in one all-or-nothing post. A command the
+// target answered completes at once: the channel goroutine signals the waiting caller directly
+// from its completion handling, and the caller copies the data-in (which RC ordering placed in
+// the slot's buffer before the response) while the registrations are invalidated. The slot and
+// its buffer are reused only once every registration is dead — invalidated remotely
+// (SEND_WITH_INV) or by a LOCAL_INV whose completion the pool confirmed — so the target can
+// never reach a buffer that has been given back or serves another command; a command ended
+// without an answer (abort, reset, channel failure) completes only then. In steady state
 // nothing on this path allocates.
 //
 // # Errors

@@ -117,6 +117,7 @@ type request struct {
 	invQueued bool
 	out       outcome
 	signaled  bool
+	callerOff bool          // the caller has consumed the outcome: the slot is the channel's to free
 	done      chan struct{} // receives one token per started command once it is over
 	started   time.Time
 
@@ -147,16 +148,42 @@ func (r *request) BufferReleased(reg *frpool.Reg, err error) {
 	c.mu.Unlock()
 }
 
-// finishLocked signals the request's caller once the outcome is known, every buffer is back and
-// every MR handle has been given back to the pool.
+// finishLocked signals the request's caller once the command is over, and puts the slot back in
+// the free list once the caller is done with it and every registration is dead.
+//
+// A command the target answered (SRP_RSP) is over at once: the data-in the target wrote is in
+// the slot's buffer before its response (RC ordering), and the caller copies it out while the
+// channel goroutine invalidates the registrations; this keeps the LOCAL_INV's round trip
+// through the engine (and a wakeup of the channel goroutine for its completion) out of the
+// command's latency. The slot and its registered buffer are reused only once every buffer is
+// back and every MR handle has been given back to the pool, so the target can never reach a
+// buffer that serves another command. A command ended otherwise (aborted, reset, the channel
+// failed) is over only then, as its registrations may still be live on the device.
 func (c *channel) finishLocked(r *request) {
-	if r.state != reqInflight || r.signaled || r.out == outNone || r.pending > 0 || r.ungiven > 0 {
+	if r.state != reqInflight || r.out == outNone {
 		return
 	}
-	r.signaled = true
-	c.inflight--
-	select {
-	case r.done <- struct{}{}:
-	default:
+	released := r.pending == 0 && r.ungiven == 0
+	if !r.signaled && (released || r.out == outRsp) {
+		r.signaled = true
+		c.inflight--
+		select {
+		case r.done <- struct{}{}:
+		default:
+		}
 	}
+	if released && r.callerOff {
+		r.state = reqIdle
+		r.callerOff = false
+		c.free <- r // never blocks: the list has room for every slot
+	}
+}
+
+// doneWith is the caller's end of a signaled request: the slot goes back to the free list now,
+// or once its registrations are dead (finishLocked).
+func (c *channel) doneWith(r *request) {
+	c.mu.Lock()
+	r.callerOff = true
+	c.finishLocked(r)
+	c.mu.Unlock()
 }

@@ -874,12 +874,12 @@ func (s *Session) await(ctx context.Context, j *job, ck *chunk) (again bool, err
 	if out == outRsp && status != 0 {
 		sense = append([]byte(nil), r.sense[:r.senseLen]...)
 	}
-	r.state = reqIdle
 	c.mu.Unlock()
 
 	n := ck.n
 	if out == outRsp && status == 0 {
-		// GOOD: move data-in to the caller before the slot goes back.
+		// GOOD: move data-in to the caller before the slot goes back (it goes back only once
+		// its registrations are dead: finishLocked).
 		if j.rw {
 			if !j.write {
 				copy(j.buf[ck.off:ck.off+n], r.data[:n])
@@ -894,7 +894,7 @@ func (s *Session) await(ctx context.Context, j *job, ck *chunk) (again bool, err
 			j.xfer = got
 		}
 	}
-	s.releaseSlot(r)
+	c.doneWith(r)
 
 	if timedOut && out != outRsp {
 		s.stats.timeouts.Add(1)
@@ -1000,8 +1000,9 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 // abortCmd runs error handling for a timed-out command: ABORT TASK; if that fails, LOGICAL UNIT
-// RESET; if that fails too, a reset of the channel. It returns once the command is over and its
-// buffers are released, with what error handling ran into (nil if the abort worked).
+// RESET; if that fails too, a reset of the channel. It returns once the command is over (see
+// finishLocked: answered, or ended with its buffers released), with what error handling ran
+// into (nil if the abort worked).
 func (s *Session) abortCmd(r *request) error {
 	c := r.ch
 	c.mu.Lock()

@@ -136,3 +136,71 @@ func TestConfigDefaults(t *testing.T) {
 		}
 	}
 }
+
+// TestEarlyCompletion: a command the target answered is signaled to its caller at once, while
+// its registration is still being invalidated; the slot goes back to the free list only once
+// the caller is done with it and the registration is dead, in either order. A command ended
+// without an answer is signaled only once its registrations are dead.
+func TestEarlyCompletion(t *testing.T) {
+	c := &channel{free: make(chan *request, 1)}
+	r := &request{ch: c, done: make(chan struct{}, 1)}
+	start := func(out outcome) {
+		r.state, r.out, r.signaled, r.callerOff = reqInflight, outNone, false, false
+		r.pending, r.ungiven = 1, 1
+		c.inflight = 1
+		c.mu.Lock()
+		r.out = out
+		c.finishLocked(r)
+		c.mu.Unlock()
+	}
+	signaled := func() bool {
+		select {
+		case <-r.done:
+			return true
+		default:
+			return false
+		}
+	}
+	release := func() { // the channel goroutine: LOCAL_INV confirmed, handle given back
+		c.mu.Lock()
+		r.pending, r.ungiven = 0, 0
+		c.finishLocked(r)
+		c.mu.Unlock()
+	}
+	for _, callerFirst := range []bool{true, false} {
+		start(outRsp)
+		if !signaled() || c.inflight != 0 {
+			t.Fatalf("answered command not signaled before its invalidation (inflight %d)", c.inflight)
+		}
+		if callerFirst {
+			c.doneWith(r)
+			if len(c.free) != 0 {
+				t.Fatal("slot freed while its registration is live")
+			}
+			release()
+		} else {
+			release()
+			if len(c.free) != 0 || signaled() {
+				t.Fatal("slot freed (or signaled twice) before the caller is done")
+			}
+			c.doneWith(r)
+		}
+		if len(c.free) != 1 || r.state != reqIdle {
+			t.Fatalf("slot not back (free %d, state %v)", len(c.free), r.state)
+		}
+		<-c.free
+	}
+	// No answer (aborted): signaled only once the registration is dead.
+	start(outAborted)
+	if signaled() {
+		t.Fatal("aborted command signaled with a live registration")
+	}
+	release()
+	if !signaled() {
+		t.Fatal("aborted command not signaled")
+	}
+	c.doneWith(r)
+	if len(c.free) != 1 {
+		t.Fatal("slot not back")
+	}
+}

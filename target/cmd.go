@@ -261,14 +261,19 @@ func (ch *channel) failAdmitted(c *ioCtx, s *scsi.Sense) {
 	ch.respondPre(c, scsi.StatusCheckCondition, s)
 }
 
-// ready hands a command whose data is present to its LUN queue.
+// ready hands a command whose data is present to its LUN queue, which queues it for a worker
+// or has it executed here and now (fast LUNs, see lunQueue). Data-in goes straight into the
+// request slot's data buffer, in the registered memory the RDMA WRITEs send from.
 func (ch *channel) ready(c *ioCtx) {
 	if !c.cdbErr && c.info.Dir == scsi.DirIn {
 		c.cmd.DataIn = c.data[:c.info.Length]
 	}
 	c.state = csExec
-	if !c.lq.ready(c) {
+	switch c.lq.ready(c) {
+	case readyAborted:
 		ch.drop(c)
+	case readyInline:
+		c.lq.execInline(c)
 	}
 }
 

@@ -87,6 +87,10 @@ type Limits struct {
 	// LUNWorkers is the number of commands executing at once on one logical unit
 	// (DefaultLUNWorkers).
 	LUNWorkers int
+	// NoInline turns inline execution off: every command goes through the LUN workers, also
+	// on fast LUNs (RAM), whose commands otherwise execute on the channel's goroutine when
+	// the task attributes allow (see lunQueue). For comparison and tests.
+	NoInline bool
 	// TeardownTimeout bounds the drain of a channel (DefaultTeardownTimeout). Past it the
 	// channel's transport resources are destroyed anyway; memory still used by a command
 	// executing on a backend is released when that command returns.

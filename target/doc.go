@@ -26,7 +26,10 @@
 // execute on per-LUN worker pools (Limits.LUNWorkers goroutines per LUN at most, shared by
 // every session, started on demand and gone after 100 ms idle), so a slow LUN holds only its
 // own workers; see lunQueue for the dispatch order that keeps ORDERED task attributes deadlock
-// free with bounded workers. Every
+// free with bounded workers. Commands to a fast LUN (the RAM backend) execute inline on the
+// channel's goroutine instead, when no ORDERED command is active there and an execution slot is
+// free (no handoff to a worker and back; Limits.NoInline turns it off, TargetStats.InlineExecs
+// counts them). Every
 // request slot (QueueDepth+1 of them) has its response buffer, external descriptor table buffer
 // and Limits.MaxTransfer bytes of data buffer in one memory area registered at login: nothing
 // is registered or allocated per I/O (BenchmarkCommandPath: 0 allocs/op). A channel's memory is
@@ -38,7 +41,7 @@
 // Command path: receive → credit → srp.ParseCmd (with the negotiated immediate-data offset) →
 // the view's ParseCDB (direction, length) → LUNSet.Admit in arrival order → RDMA READ of
 // external indirect tables, if any → RDMA READ of data-out (or immediate data used in place in
-// the receive buffer) → execution on a LUN worker → SRP_RSP (status, sense truncated to MAX TI
+// the receive buffer) → execution on a LUN worker or inline → SRP_RSP (status, sense truncated to MAX TI
 // IU LEN, residuals: computeResiduals) posted after the data-in RDMA WRITEs as one
 // all-or-nothing chain with only the SEND signaled, the receive buffer reposted first.
 //

@@ -166,7 +166,8 @@ func FuzzChannelIU(f *testing.F) {
 }
 
 // BenchmarkCommandPath measures the target's command path (receive → parse → admit → data
-// transfer → execute on a RAM LUN → SRP_RSP) over the fake transport, one command at a time.
+// transfer → execute on a RAM LUN → SRP_RSP) over the fake transport, one command at a time:
+// executed inline, and (-workers) with Limits.NoInline.
 func BenchmarkCommandPath(b *testing.B) {
 	for _, bc := range []struct {
 		name string
@@ -201,31 +202,37 @@ func BenchmarkCommandPath(b *testing.B) {
 				DataIn: srp.DataBuf{Format: srp.DescIndirect, Table: srp.DirectDesc{Len: 64}, Total: 65536, List: l}})
 		}},
 	} {
-		b.Run(bc.name, func(b *testing.B) {
-			fc := newFakeChan(b, Limits{QueueDepth: 16, MaxTransfer: 1 << 20}, true)
-			fc.qp.discard = true
-			// Consume the POWER ON unit attention and warm up.
-			for i := 0; i < 64; i++ {
-				fc.qp.deliver(bc.iu(uint64(i)))
-				fc.drive(b)
+		for _, noInline := range []bool{false, true} {
+			name := bc.name
+			if noInline {
+				name += "-workers" // Limits.NoInline: through a LUN worker and back
 			}
-			ius := make([][]byte, 256)
-			for i := range ius {
-				ius[i] = bc.iu(uint64(i + 1000))
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if !fc.qp.deliver(ius[i%len(ius)]) {
-					b.Fatal("no receive posted")
+			b.Run(name, func(b *testing.B) {
+				fc := newFakeChan(b, Limits{QueueDepth: 16, MaxTransfer: 1 << 20, NoInline: noInline}, true)
+				fc.qp.discard = true
+				// Consume the POWER ON unit attention and warm up.
+				for i := 0; i < 64; i++ {
+					fc.qp.deliver(bc.iu(uint64(i)))
+					fc.drive(b)
 				}
-				fc.drive(b)
-			}
-			b.StopTimer()
-			if st := fc.ch.snapshot(); st.CmdErrors > 1 || st.Errors != 0 {
-				b.Fatalf("stats %+v", st)
-			}
-			fc.close(b)
-		})
+				ius := make([][]byte, 256)
+				for i := range ius {
+					ius[i] = bc.iu(uint64(i + 1000))
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if !fc.qp.deliver(ius[i%len(ius)]) {
+						b.Fatal("no receive posted")
+					}
+					fc.drive(b)
+				}
+				b.StopTimer()
+				if st := fc.ch.snapshot(); st.CmdErrors > 1 || st.Errors != 0 {
+					b.Fatalf("stats %+v", st)
+				}
+				fc.close(b)
+			})
+		}
 	}
 }

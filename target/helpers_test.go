@@ -40,11 +40,16 @@ type gateBackend struct {
 	mu     sync.Mutex
 	gate   chan struct{}
 	inside atomic.Int32
+	record bool    // keep entered
+	starts []int64 // offsets of the accesses, in the order they entered (record)
 }
 
-func (g *gateBackend) wait() {
+func (g *gateBackend) wait(off int64) {
 	g.mu.Lock()
 	c := g.gate
+	if g.record {
+		g.starts = append(g.starts, off)
+	}
 	g.mu.Unlock()
 	if c != nil {
 		g.inside.Add(1)
@@ -71,13 +76,26 @@ func (g *gateBackend) release() {
 	g.mu.Unlock()
 }
 
+// entered returns the offsets of the accesses so far, in the order they entered.
+func (g *gateBackend) entered() []int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]int64(nil), g.starts...)
+}
+
+// fastGate is a gateBackend that says it never blocks (backend.Nonblocking-like): the target
+// executes its commands inline on the channel's goroutine, so holding it holds the channel.
+type fastGate struct{ *gateBackend }
+
+func (fastGate) Nonblocking() bool { return true }
+
 func (g *gateBackend) ReadAt(p []byte, off int64) (int, error) {
-	g.wait()
+	g.wait(off)
 	return g.RAM.ReadAt(p, off)
 }
 
 func (g *gateBackend) WriteAt(p []byte, off int64) (int, error) {
-	g.wait()
+	g.wait(off)
 	return g.RAM.WriteAt(p, off)
 }
 
@@ -101,6 +119,9 @@ type envOpts struct {
 	defACL  func(luns []*scsi.LUN) *ACL
 	mtu     transport.MTU
 	verbose bool
+	// The LUNs' backends: gates (default; the target treats them as blocking, LUN workers),
+	// plain RAM (inline execution), or gates marked nonblocking (inline execution).
+	plainRAM, fastGates bool
 }
 
 // env is a target on one softroce device and an initiator device, joined by an in-memory
@@ -152,7 +173,14 @@ func newEnv(t testing.TB, o envOpts) *env {
 			t.Fatal(err)
 		}
 		g := &gateBackend{RAM: ram}
-		l, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: testBlock, Serial: fmt.Sprintf("tgt-test-%d", i)}, g)
+		var be backend.Backend = g
+		switch {
+		case o.plainRAM:
+			be = ram
+		case o.fastGates:
+			be = fastGate{g}
+		}
+		l, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: testBlock, Serial: fmt.Sprintf("tgt-test-%d", i)}, be)
 		if err != nil {
 			t.Fatal(err)
 		}

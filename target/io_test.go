@@ -186,8 +186,19 @@ func TestRandomIO(t *testing.T) {
 }
 
 // BenchmarkSoftrocePipe runs I/O end to end (test initiator → softroce → in-memory link →
-// softroce → target → RAM LUN) with 8 commands in flight.
+// softroce → target → RAM LUN) with 8 commands in flight: executed inline, and (-workers)
+// with Limits.NoInline.
 func BenchmarkSoftrocePipe(b *testing.B) {
+	for _, noInline := range []bool{false, true} {
+		suffix := ""
+		if noInline {
+			suffix = "-workers"
+		}
+		benchmarkSoftrocePipe(b, noInline, suffix)
+	}
+}
+
+func benchmarkSoftrocePipe(b *testing.B, noInline bool, suffix string) {
 	for _, bc := range []struct {
 		name   string
 		write  bool
@@ -198,8 +209,8 @@ func BenchmarkSoftrocePipe(b *testing.B) {
 		{"read64k", false, 128},
 		{"write64k", true, 128},
 	} {
-		b.Run(bc.name, func(b *testing.B) {
-			e := newEnv(b, envOpts{limits: Limits{QueueDepth: 16}})
+		b.Run(bc.name+suffix, func(b *testing.B) {
+			e := newEnv(b, envOpts{plainRAM: true, limits: Limits{QueueDepth: 16, NoInline: noInline}})
 			in := e.mustLogin(defaultLogin())
 			in.clearUA(0)
 			rng := rand.New(rand.NewPCG(1, 1))

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/scsi/backend"
 )
 
 // lunQueue runs the commands of one logical unit, from every channel and session, on at most
@@ -27,16 +28,34 @@ import (
 // Then a running command waits only for dispatched commands, and the earliest admitted
 // command that has not completed never waits, so every command completes. Admission (Admit)
 // and the queue order are taken under the same lock, so the queue order is the task set's.
+//
+// Inline execution. On a fast LUN (see fastLUN: a RAM backend, or the commands to LUN numbers
+// outside the view, which touch no backend) a SIMPLE or HEAD OF QUEUE command that becomes
+// ready while no ORDERED command is active in the queue executes at once on its channel's loop
+// goroutine (ready returns readyInline, the channel calls execInline) instead of being handed
+// to a worker and its result handed back: two goroutine handoffs fewer per command. Such a
+// command never waits in the task set (no ORDERED command was admitted before it and not
+// finished), its backend operation is a memory copy, and it holds one of the queue's max
+// execution slots while it runs (running counts it like a worker), so the per-LUN concurrency
+// bound holds. Everything else takes the worker path above: ORDERED commands and every
+// command that becomes ready while one is active, commands that find every slot taken, and
+// every command of a LUN that may block (file, block device), so a slow LUN still holds only
+// its own workers and never a channel's loop. Task management sees an inline command as a
+// dispatched one (an abort that finds it executing waits for it to end, as for a worker), and
+// the channel hears of the execution before the task management requests waiting for it, as
+// with a worker.
 type lunQueue struct {
-	t   *Target
-	lun *scsi.LUN // nil: commands to LUN numbers outside the view, REPORT LUNS without a LUN
-	max int
+	t    *Target
+	lun  *scsi.LUN // nil: commands to LUN numbers outside the view, REPORT LUNS without a LUN
+	max  int
+	fast bool // commands may execute inline (see above)
 
 	mu      sync.Mutex
 	pending ctxList // admitted, not yet dispatched, in admission order (qLink)
 	active  ctxList // admitted and not yet finished (aLink)
-	running int     // workers (busy or idle)
+	running int     // workers (busy or idle) and inline executions
 	idle    int     // workers waiting for work
+	ordered int     // ORDERED commands in active
 	kick    chan struct{}
 }
 
@@ -46,7 +65,30 @@ type lunQueue struct {
 const workerLinger = 100 * time.Millisecond
 
 func newLUNQueue(t *Target, l *scsi.LUN) *lunQueue {
-	return &lunQueue{t: t, lun: l, max: t.lim.LUNWorkers, kick: make(chan struct{}, t.lim.LUNWorkers)}
+	return &lunQueue{t: t, lun: l, max: t.lim.LUNWorkers, fast: !t.lim.NoInline && fastLUN(l),
+		kick: make(chan struct{}, t.lim.LUNWorkers)}
+}
+
+// Nonblocking may be implemented by a backend whose operations never block for long (no I/O
+// to wait for, only memory to copy): the target then executes the LUN's commands inline (see
+// lunQueue).
+type Nonblocking interface{ Nonblocking() bool }
+
+// fastLUN tells whether l's commands may execute inline: the commands of no LUN (REPORT LUNS,
+// a LUN number outside the view: answered from memory), and those of a LUN whose backend is
+// package backend's RAM itself (not something wrapping it, which may block) or says it is
+// Nonblocking. File and block device backends wait for the kernel.
+func fastLUN(l *scsi.LUN) bool {
+	if l == nil {
+		return true
+	}
+	switch be := l.Backend().(type) {
+	case *backend.RAM:
+		return true
+	case Nonblocking:
+		return be.Nonblocking()
+	}
+	return false
 }
 
 // ctxList is an intrusive doubly linked list of ioCtx.
@@ -97,26 +139,58 @@ func (q *lunQueue) admit(c *ioCtx, set *scsi.LUNSet) {
 	set.Admit(&c.cmd)
 	c.lq = q
 	c.qstate = qUnready
+	if c.cmd.Attr == scsi.TaskOrdered {
+		q.ordered++
+	}
 	q.pending.push(c, qLink)
 	q.active.push(c, aLink)
 	q.mu.Unlock()
 }
 
-// ready marks c's data as present. It returns false if c was aborted meanwhile: c has then
-// been withdrawn and finished, and must not be executed.
-func (q *lunQueue) ready(c *ioCtx) bool {
+// What ready decided.
+const (
+	readyQueued  = iota // queued for a worker
+	readyAborted        // aborted meanwhile: withdrawn and finished, not to be executed
+	readyInline         // dispatched to the caller: execute it now (execInline)
+)
+
+// ready marks c's data as present: c is queued for a worker, or dispatched to the caller for
+// inline execution (see lunQueue), or, if it was aborted meanwhile, withdrawn and finished.
+func (q *lunQueue) ready(c *ioCtx) int {
 	q.mu.Lock()
 	if c.aborted.Load() {
 		q.pending.remove(c, qLink)
 		ws := q.finishLocked(c, true)
 		q.mu.Unlock()
 		notifyWaiters(ws)
-		return false
+		return readyAborted
+	}
+	if q.fast && q.ordered == 0 && c.cmd.Attr != scsi.TaskOrdered && q.running < q.max {
+		q.pending.remove(c, qLink)
+		c.qstate = qDispatched
+		q.running++
+		q.mu.Unlock()
+		q.t.stats.inline.Add(1)
+		return readyInline
 	}
 	c.qstate = qReady
 	q.spawnLocked()
 	q.mu.Unlock()
-	return true
+	return readyQueued
+}
+
+// execInline executes c, which ready dispatched to the calling channel's loop, and hands the
+// result to the channel (then to the task management requests waiting for c, as a worker
+// does).
+func (q *lunQueue) execInline(c *ioCtx) {
+	c.exec()
+	q.mu.Lock()
+	ws := q.finishLocked(c, false)
+	q.running--
+	q.spawnLocked() // a command that found every slot taken meanwhile
+	q.mu.Unlock()
+	c.ch.onEvent(event{kind: evExecuted, c: c})
+	notifyWaiters(ws)
 }
 
 // withdraw takes an admitted, undispatched command out (its data transfer failed, or its
@@ -129,6 +203,7 @@ func (q *lunQueue) withdraw(c *ioCtx) {
 	}
 	q.pending.remove(c, qLink)
 	ws := q.finishLocked(c, true)
+	q.spawnLocked() // a later command may have been waiting for c to be dispatched
 	q.mu.Unlock()
 	notifyWaiters(ws)
 }
@@ -140,14 +215,19 @@ func (q *lunQueue) finishLocked(c *ioCtx, withdraw bool) []*ioCtx {
 		c.ch.view.set.Withdraw(&c.cmd)
 	}
 	q.active.remove(c, aLink)
+	if c.cmd.Attr == scsi.TaskOrdered {
+		q.ordered--
+	}
 	c.qstate = qNone
 	ws := c.waiters
 	c.waiters = nil
 	return ws
 }
 
+// spawnLocked makes sure a worker will look at the queue if a command in it is ready: it kicks
+// an idle worker, or starts one if the slots allow.
 func (q *lunQueue) spawnLocked() {
-	if q.pending.head == nil {
+	if !q.hasReadyLocked() {
 		return
 	}
 	if q.idle > 0 {
@@ -163,6 +243,17 @@ func (q *lunQueue) spawnLocked() {
 		q.t.stats.workers.Add(1)
 		go q.work()
 	}
+}
+
+// hasReadyLocked tells whether an undispatched command is ready (a worker could have
+// something to do; commands still waiting for their data need none).
+func (q *lunQueue) hasReadyLocked() bool {
+	for c := q.pending.head; c != nil; c = c.qLink.next {
+		if c.qstate == qReady {
+			return true
+		}
+	}
+	return false
 }
 
 // nextLocked removes and returns the first dispatchable command (see lunQueue), or nil.
@@ -282,6 +373,7 @@ func (q *lunQueue) abort(match func(*ioCtx) bool, tm *ioCtx) int {
 		}
 		c = next
 	}
+	q.spawnLocked() // a command may have been waiting for a withdrawn one to be dispatched
 	q.mu.Unlock()
 	notifyWaiters(ws)
 	return n

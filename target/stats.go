@@ -127,6 +127,9 @@ type TargetStats struct {
 	MemoryBytes int64
 	// LUNWorkers is the number of LUN worker goroutines running.
 	LUNWorkers int64
+	// InlineExecs counts the commands executed inline on their channel's goroutine (fast
+	// LUNs; see Limits.NoInline) instead of on a LUN worker.
+	InlineExecs uint64
 	// Totals over every session, live and closed.
 	Commands uint64
 	BytesIn  uint64
@@ -142,6 +145,7 @@ type targetCounters struct {
 	loginsAccepted, loginsRejected             atomic.Uint64
 	rejects                                    [numCauses]atomic.Uint64
 	teardownTimeouts                           atomic.Uint64
+	inline                                     atomic.Uint64
 	commands, bytesIn, bytesOut, errors        atomic.Uint64 // of closed channels
 }
 
@@ -158,6 +162,7 @@ func (t *Target) Stats() TargetStats {
 		MRs:              t.stats.mrs.Load(),
 		MemoryBytes:      t.stats.memBytes.Load(),
 		LUNWorkers:       t.stats.workers.Load(),
+		InlineExecs:      t.stats.inline.Load(),
 		Commands:         t.stats.commands.Load(),
 		BytesIn:          t.stats.bytesIn.Load(),
 		BytesOut:         t.stats.bytesOut.Load(),

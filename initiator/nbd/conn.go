@@ -71,10 +71,15 @@ type conn struct {
 	canTrim    bool
 	since      time.Time
 
-	// Transmission.
+	// Transmission. The workers take turns reading (leader/followers): the one holding rdMu
+	// reads the next request, lets go of rdMu and serves the request itself, so that a request
+	// reaches the Device without a handoff to another goroutine; rdEnd and rdErr record the end
+	// of the stream (guarded by rdMu).
 	hdr     [requestHdrLen]byte
 	free    chan *request
-	queue   chan *request
+	rdMu    sync.Mutex
+	rdEnd   bool
+	rdErr   error
 	workers sync.WaitGroup
 	// Replies are written by whichever worker finds no write in progress (flat combining):
 	// it sends every queued reply with one writev, then releases their requests, and loops
@@ -190,15 +195,15 @@ func (c *conn) stats() ConnStats {
 	}
 }
 
-// transmit runs the transmission phase: the calling goroutine reads requests and hands them
-// to the workers, which call the Device and send the replies.
+// transmit runs the transmission phase: the workers read requests in turn, call the Device
+// and send the replies, until the stream ends; transmit returns once every request read has
+// been answered.
 func (c *conn) transmit() error {
 	c.setReadDeadline(time.Time{})
 	c.debug = c.log.Core().Enabled(zapcore.DebugLevel)
 	cfg := &c.srv.cfg
 	reqs := make([]request, cfg.MaxInFlight)
 	c.free = make(chan *request, cfg.MaxInFlight)
-	c.queue = make(chan *request, cfg.MaxInFlight)
 	for i := range reqs {
 		c.free <- &reqs[i]
 	}
@@ -206,9 +211,8 @@ func (c *conn) transmit() error {
 	for i := 0; i < cfg.Workers; i++ {
 		go c.worker()
 	}
-	err := c.readLoop()
-	close(c.queue)
 	c.workers.Wait()
+	err := c.rdErr
 	if err != nil && c.broken.Load() {
 		// The read failed because a failed reply write closed the socket.
 		err = nil
@@ -226,24 +230,27 @@ func (c *conn) readErr(err error) error {
 	return err
 }
 
-// readLoop reads requests until NBD_CMD_DISC, the end of the stream, a protocol violation or
-// drain.
-func (c *conn) readLoop() error {
+// errDisc ends the stream at NBD_CMD_DISC (a clean end: transmit returns nil).
+var errDisc = errors.New("nbd: NBD_CMD_DISC")
+
+// readRequest reads the next request (rdMu held). It returns nil and why the stream ends at
+// NBD_CMD_DISC (errDisc), the end of the stream, a protocol violation or drain.
+func (c *conn) readRequest() (*request, error) {
 	maxReq := uint32(c.srv.cfg.MaxRequestSize)
 	skipLimit := uint64(maxReq) * 4
 	for {
 		if _, err := io.ReadFull(c.br, c.hdr[:]); err != nil {
-			return c.readErr(err)
+			return nil, c.readErr(err)
 		}
 		h := c.hdr[:]
 		if m := binary.BigEndian.Uint32(h[0:]); m != requestMagic {
 			// No way to resynchronise on a byte stream: hard disconnect.
-			return protoErr("bad request magic %#x", m)
+			return nil, protoErr("bad request magic %#x", m)
 		}
 		typ := binary.BigEndian.Uint16(h[6:])
 		if typ == cmdDisc {
 			// proto.md "NBD_CMD_DISC": answer everything outstanding, then close; no reply.
-			return nil
+			return nil, errDisc
 		}
 		var r *request
 		select {
@@ -252,7 +259,7 @@ func (c *conn) readLoop() error {
 			select {
 			case r = <-c.free:
 			case <-c.stop:
-				return errStopped
+				return nil, errStopped
 			}
 		}
 		r.typ = typ
@@ -266,29 +273,29 @@ func (c *conn) readLoop() error {
 		case typ == cmdWrite && (r.errno != 0 || r.length == 0):
 			if r.length > maxReq && uint64(r.length) > skipLimit {
 				c.free <- r
-				return protoErr("WRITE of %d bytes", r.length)
+				return nil, protoErr("WRITE of %d bytes", r.length)
 			}
 			if _, err := c.br.Discard(int(r.length)); err != nil {
 				c.free <- r
-				return c.readErr(err)
+				return nil, c.readErr(err)
 			}
 		case typ == cmdWrite:
 			if !c.acquire(r) {
 				c.free <- r
-				return errStopped
+				return nil, errStopped
 			}
 			if _, err := io.ReadFull(c.br, r.buf.payload(int(r.length))); err != nil {
 				c.release(r)
-				return c.readErr(err)
+				return nil, c.readErr(err)
 			}
 		case typ == cmdRead && r.errno == 0 && r.length > 0:
 			if !c.acquire(r) {
 				c.free <- r
-				return errStopped
+				return nil, errStopped
 			}
 		}
 		c.inflight.Add(1)
-		c.queue <- r // never blocks: the queue holds every request
+		return r, nil
 	}
 }
 
@@ -385,10 +392,26 @@ func (c *conn) release(r *request) {
 	c.free <- r
 }
 
-// worker executes requests and queues their replies.
+// worker reads requests in turn with the other workers and executes them (replying through
+// send), until the stream ends.
 func (c *conn) worker() {
 	defer c.workers.Done()
-	for r := range c.queue {
+	for {
+		c.rdMu.Lock()
+		if c.rdEnd {
+			c.rdMu.Unlock()
+			return
+		}
+		r, err := c.readRequest()
+		if r == nil {
+			c.rdEnd = true
+			if err != errDisc {
+				c.rdErr = err
+			}
+			c.rdMu.Unlock()
+			return
+		}
+		c.rdMu.Unlock()
 		c.serve(r)
 	}
 }

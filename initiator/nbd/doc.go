@@ -48,9 +48,11 @@
 //
 // # Inside a connection
 //
-// One goroutine reads requests (through a 64 KiB buffered reader) and hands them to
-// Config.Workers goroutines, which call the Device; requests are pipelined up to
-// Config.MaxInFlight per connection and answered out of order. Replies are written by
+// Config.Workers goroutines take turns reading requests (through a 64 KiB buffered reader):
+// the one whose turn it is reads a request, passes the turn on and calls the Device itself, so
+// that no request is handed from one goroutine to another on its way in. Requests are
+// pipelined up to Config.Workers (at most Config.MaxInFlight) per connection and answered out
+// of order. Replies are written by
 // whichever worker finds no write in progress: it sends every reply queued meanwhile with one
 // writev, so the other workers never wait for the socket. Request structures are allocated per
 // connection and data buffers come from a server-wide pool of power-of-two size classes that

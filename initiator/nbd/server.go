@@ -47,7 +47,8 @@ type Config struct {
 	// to MaxInFlightBytes; a single request is always admitted when the connection holds none.
 	ConnMaxInFlightBytes int64
 	// MaxInFlight is the number of requests a connection may have read and not yet answered
-	// (the pipeline window). 0 means DefaultMaxInFlight.
+	// (the pipeline window). Each worker reads the requests it executes, so the window is
+	// in practice Workers plus the replies waiting for the socket. 0 means DefaultMaxInFlight.
 	MaxInFlight int
 	// Workers is the number of goroutines per connection calling the Device: the queue depth
 	// the Device sees from one connection. 0 means DefaultWorkers; capped to MaxInFlight.

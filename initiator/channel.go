@@ -134,7 +134,17 @@ type channel struct {
 	postMu sync.RWMutex
 	tmMu   sync.Mutex // one task management function at a time
 
-	// Owned by the channel goroutine.
+	// pollMu is held by serve while it is not waiting, and by onCQ (run by the transport's
+	// receive goroutine) while it handles completions in serve's place: the fields below that
+	// serve owns are only touched under it while serving.
+	pollMu  sync.Mutex
+	serving bool           // serve is running (pollMu)
+	srvQPN  uint32         // the QP serve polls for (pollMu)
+	hwcs    []transport.WC // onCQ's poll buffer (pollMu)
+	hPend   []transport.WC // completions onCQ left to serve, in order (pollMu)
+	hErr    error          // the error onCQ's last handled completion gave, for serve (pollMu)
+
+	// Owned by the channel goroutine (and onCQ, see pollMu).
 	wcs        []transport.WC
 	leftover   []transport.WC
 	rwr        [1]transport.RecvWR
@@ -222,8 +232,7 @@ func newChannel(s *Session, idx int) (*channel, error) {
 		r.rel = flags[2*i*c.maxRegs : (2*i+1)*c.maxRegs : (2*i+1)*c.maxRegs]
 		r.given = flags[(2*i+1)*c.maxRegs : (2*i+2)*c.maxRegs : (2*i+2)*c.maxRegs]
 		r.done = make(chan struct{}, 1)
-		r.timer = time.NewTimer(time.Hour)
-		r.timer.Stop()
+		r.expired = make(chan struct{}, 1)
 		r.wr[0].SGL = r.sge[:]
 		r.chain.WRs = r.wr[:]
 		c.free <- r
@@ -232,6 +241,8 @@ func newChannel(s *Session, idx int) (*channel, error) {
 	n := 256
 	c.wcs = make([]transport.WC, n)
 	c.leftover = make([]transport.WC, 0, n)
+	c.hwcs = make([]transport.WC, 64)
+	c.hPend = make([]transport.WC, 0, n)
 	c.rwr[0].SGL = c.rsge[:]
 	c.ctrlQ = make([]ctrlMsg, 0, maxCtrlQ)
 	c.invQ = make([]*request, 0, qd)
@@ -280,9 +291,6 @@ func (c *channel) release() {
 	if c.pd != nil {
 		keep(c.pd.Close())
 		c.pd = nil
-	}
-	for i := range c.reqs {
-		c.reqs[i].timer.Stop()
 	}
 	if len(errs) > 0 {
 		c.log.Warn("releasing channel resources", zap.Error(errors.Join(errs...)))
@@ -763,6 +771,10 @@ func (c *channel) requestReset(cause error) {
 
 func (c *channel) run() {
 	defer close(c.exited)
+	if h, ok := c.cq.(transport.CompletionHandler); ok && !c.s.cfg.NoCompletionHandler {
+		h.SetCompletionHandler(c.onCQ)
+		defer h.SetCompletionHandler(nil)
+	}
 	failures := 0
 	for {
 		if c.live() {
@@ -820,18 +832,38 @@ func (c *channel) serve() error {
 	qpn := c.qp.QPN()
 	var logout error
 	var drainBy <-chan time.Time
+	c.pollMu.Lock()
+	c.serving, c.srvQPN, c.hErr = true, qpn, nil
+	c.hPend = c.hPend[:0]
+	defer func() {
+		c.serving = false
+		c.pollMu.Unlock()
+	}()
 	for {
-		n := c.cq.Poll(c.wcs)
-		for i := 0; i < n; i++ {
-			wc := &c.wcs[i]
-			if wc.QPN != qpn {
-				continue // a completion of an earlier connection's QP
+		var n, first int
+		var err error
+		if c.hErr != nil || len(c.hPend) > 0 {
+			// Where onCQ stopped: the error of the completion it handled last, then the
+			// completions it left (they fit: hPend holds at most len(hwcs) < len(wcs)).
+			err, c.hErr = c.hErr, nil
+			n = copy(c.wcs, c.hPend)
+			c.hPend = c.hPend[:0]
+			first = -1
+		} else {
+			n = c.cq.Poll(c.wcs)
+		}
+		for i := first; i < n; i++ {
+			if i >= 0 {
+				wc := &c.wcs[i]
+				if wc.QPN != qpn {
+					continue // a completion of an earlier connection's QP
+				}
+				if wc.Status != transport.WCSuccess {
+					c.leftover = append(c.leftover[:0], c.wcs[i:n]...)
+					return &wcError{*wc}
+				}
+				err = c.handleWC(wc)
 			}
-			if wc.Status != transport.WCSuccess {
-				c.leftover = append(c.leftover[:0], c.wcs[i:n]...)
-				return &wcError{*wc}
-			}
-			err := c.handleWC(wc)
 			if errors.Is(err, errTargetLogout) && logout == nil {
 				logout = err
 				c.mu.Lock()
@@ -858,15 +890,32 @@ func (c *channel) serve() error {
 		if logout != nil && inflight == 0 {
 			return logout
 		}
-		if n > 0 {
+		if n > 0 || first < 0 {
 			continue
 		}
+		if logout != nil {
+			c.serving = false // draining after SRP_T_LOGOUT: no more onCQ
+		}
+		c.pollMu.Unlock()
+		var (
+			ev  transport.CMEvent
+			got bool
+			ok  bool
+		)
 		select {
 		case <-drainBy:
+			c.pollMu.Lock()
 			return logout
 		case <-c.cq.Notify():
 		case <-c.kick:
-		case ev, ok := <-c.events:
+		case ev, ok = <-c.events:
+			got = true
+		case <-c.stop:
+			c.pollMu.Lock()
+			return ErrClosed
+		}
+		c.pollMu.Lock()
+		if got {
 			if !ok {
 				c.events = nil
 				continue
@@ -874,10 +923,50 @@ func (c *channel) serve() error {
 			if ev.Type == transport.CMEventDisconnected {
 				return errDisconnected
 			}
-		case <-c.stop:
-			return ErrClosed
 		}
 	}
+}
+
+// onCQ is the channel's completion handler (transport.CompletionHandler), run by the
+// transport's receive goroutine: while serve waits, it handles successful completions in
+// serve's place (a response signals its caller without waking the channel goroutine first)
+// and gives the handles of finished requests back. Anything unusual (a failed completion, an
+// error, a target logout) stops it: what it did not handle goes to serve through hPend/hErr,
+// and the token wakes serve.
+func (c *channel) onCQ() bool {
+	if !c.pollMu.TryLock() {
+		return false
+	}
+	defer c.pollMu.Unlock()
+	if !c.serving || c.hErr != nil || len(c.hPend) > 0 || !c.live() {
+		return false
+	}
+	for {
+		n := c.cq.Poll(c.hwcs)
+		for i := 0; i < n; i++ {
+			wc := &c.hwcs[i]
+			if wc.QPN != c.srvQPN {
+				continue
+			}
+			if wc.Status != transport.WCSuccess {
+				c.hPend = append(c.hPend, c.hwcs[i:n]...)
+				c.afterBatch()
+				return false
+			}
+			if err := c.handleWC(wc); err != nil {
+				c.hErr = err
+				c.hPend = append(c.hPend, c.hwcs[i+1:n]...)
+				c.afterBatch()
+				return false
+			}
+		}
+		if n < len(c.hwcs) {
+			break
+		}
+	}
+	c.afterBatch()
+	c.s.stats.handlerBatches.Add(1)
+	return true
 }
 
 // handleWC handles one successful completion.

@@ -131,6 +131,10 @@ type Config struct {
 	MaxRetries int
 	// TeardownTimeout bounds the drain of a failed channel's work requests.
 	TeardownTimeout time.Duration
+	// NoCompletionHandler keeps completions on the channel goroutine even when the transport
+	// could run them on its own receive goroutine (transport.CompletionHandler, which saves
+	// a goroutine wake-up per response at low queue depth). For comparison.
+	NoCompletionHandler bool
 
 	// ConnParam are the connection parameters of every channel (defaults as ib_srp: responder
 	// resources 4, RNR retry 7, flow control; retry count 6, since 7 means "retry forever" to rxe

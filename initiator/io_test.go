@@ -35,6 +35,10 @@ func TestRandomIO(t *testing.T) {
 				c.MaxPagesPerMR = 16
 			}},
 		{name: "udp", udp: true, ops: 30, setup: func(c *Config) { c.ChCount = 2 }},
+		{name: "udp-nohandler", udp: true, ops: 30, setup: func(c *Config) {
+			c.ChCount = 2
+			c.NoCompletionHandler = true
+		}},
 	}
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
@@ -68,6 +72,11 @@ func TestRandomIO(t *testing.T) {
 			}
 			if e.tgt.immCmds.Load() == 0 {
 				t.Errorf("no immediate data used")
+			}
+			// softroce runs completion handlers: responses are handled on its receive
+			// goroutine (at least some: the channel goroutine takes them while it is busy).
+			if off := cfg.NoCompletionHandler; (ss.HandlerBatches == 0) != off {
+				t.Errorf("%d completion batches on the transport's goroutine (NoCompletionHandler %v)", ss.HandlerBatches, off)
 			}
 		})
 	}

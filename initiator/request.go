@@ -2,6 +2,7 @@ package initiator
 
 import (
 	"encoding/binary"
+	"sync/atomic"
 	"time"
 
 	"github.com/srpd/srpd/frpool"
@@ -106,7 +107,11 @@ type request struct {
 	wr    [1]transport.SendWR //
 	sge   [1]transport.SGE    //
 	chain frpool.Chain        //
-	timer *time.Timer         // Config.CommandTimeout
+	// Config.CommandTimeout: deadline is when the command times out, in Session.now's
+	// clock (0: not armed); the session's watchdog swaps it to 0 and then gives expired its
+	// token. A timer per command would cost a wake-up of the runtime's poller per command.
+	deadline atomic.Int64
+	expired  chan struct{}
 
 	// Completion state, guarded by ch.mu.
 	state     reqState

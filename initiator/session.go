@@ -73,6 +73,9 @@ type Stats struct {
 	Reconnects     uint64 // channel reconnections
 	CreditWaits    uint64 // submissions that waited for credits
 	StaleResponses uint64 // responses for commands no longer outstanding
+	// HandlerBatches counts completion batches handled on the transport's receive goroutine
+	// (transport.CompletionHandler) instead of the channel goroutine.
+	HandlerBatches uint64
 	CredReqs       uint64 // SRP_CRED_REQs answered
 	AerReqs        uint64 // SRP_AER_REQs answered
 	LiveChannels   int
@@ -81,6 +84,7 @@ type Stats struct {
 type counters struct {
 	commands, imm, retries, uas, timeouts, aborts, lunResets, taskMgmt atomic.Uint64
 	reconnects, creditWaits, staleRsps, credReqs, aerReqs              atomic.Uint64
+	handlerBatches                                                     atomic.Uint64
 }
 
 // Session is an SRP initiator session with one target port: ChCount RDMA channels, their
@@ -94,6 +98,7 @@ type Session struct {
 	rr    atomic.Uint32
 	stats counters
 
+	epoch  time.Time       // origin of now()
 	ctx    context.Context // cancelled when the session closes or is lost
 	cancel context.CancelFunc
 
@@ -127,7 +132,7 @@ func Dial(ctx context.Context, cfg Config) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Session{cfg: cfg, state: StateBlocked, changed: make(chan struct{}), done: make(chan struct{})}
+	s := &Session{cfg: cfg, state: StateBlocked, changed: make(chan struct{}), done: make(chan struct{}), epoch: time.Now()}
 	s.iport = cfg.InitiatorPortID
 	if s.iport == (srp.PortID{}) {
 		var guid uint64
@@ -171,6 +176,9 @@ func Dial(ctx context.Context, cfg Config) (*Session, error) {
 	}
 	for _, c := range s.chans {
 		go c.run()
+	}
+	if cfg.CommandTimeout > 0 {
+		go s.watchdog()
 	}
 	if err := s.Rescan(ctx); err != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), cfg.TeardownTimeout)
@@ -510,7 +518,7 @@ func (s *Session) Stats() Stats {
 		UnitAttentions: c.uas.Load(), Timeouts: c.timeouts.Load(), Aborts: c.aborts.Load(),
 		LUNResets: c.lunResets.Load(), TaskMgmt: c.taskMgmt.Load(), Reconnects: c.reconnects.Load(),
 		CreditWaits: c.creditWaits.Load(), StaleResponses: c.staleRsps.Load(), CredReqs: c.credReqs.Load(),
-		AerReqs: c.aerReqs.Load(), LiveChannels: s.liveChannels(),
+		AerReqs: c.aerReqs.Load(), HandlerBatches: c.handlerBatches.Load(), LiveChannels: s.liveChannels(),
 	}
 }
 
@@ -581,6 +589,38 @@ func (s *Session) shutdown() {
 		close(s.done)
 	})
 	<-s.done
+}
+
+// now is the session's clock for command deadlines (monotonic).
+func (s *Session) now() time.Duration { return time.Since(s.epoch) }
+
+// watchdog times commands out (Config.CommandTimeout): every tick it gives the token of every
+// command whose deadline has passed, so a command times out between CommandTimeout and
+// CommandTimeout + watchdogTick(CommandTimeout) after it was posted. Ends with the session.
+func (s *Session) watchdog() {
+	t := time.NewTicker(watchdogTick(s.cfg.CommandTimeout))
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := int64(s.now())
+		for _, c := range s.chans {
+			for i := range c.reqs {
+				r := &c.reqs[i]
+				if d := r.deadline.Load(); d != 0 && now >= d && r.deadline.CompareAndSwap(d, 0) {
+					r.expired <- struct{}{} // never blocks: await takes every token given
+				}
+			}
+		}
+	}
+}
+
+// watchdogTick is the watchdog's period for a command timeout d: d/16, within [1 ms, 250 ms].
+func watchdogTick(d time.Duration) time.Duration {
+	return min(max(d/16, time.Millisecond), 250*time.Millisecond)
 }
 
 // ---- request slots ----
@@ -762,7 +802,7 @@ func (s *Session) run(ctx context.Context, j *job) error {
 				continue
 			}
 			if s.cfg.CommandTimeout > 0 {
-				r.timer.Reset(s.cfg.CommandTimeout)
+				r.deadline.Store(int64(s.now() + s.cfg.CommandTimeout))
 			}
 			ck.r = r
 			full := ck
@@ -849,20 +889,18 @@ func (s *Session) fill(j *job, c *channel, ck *chunk) (int, error) {
 func (s *Session) await(ctx context.Context, j *job, ck *chunk) (again bool, err error) {
 	r := ck.r
 	c := r.ch
-	var tc <-chan time.Time
-	if s.cfg.CommandTimeout > 0 {
-		tc = r.timer.C
-	}
-	timedOut := false
+	timedOut, fired := false, false
 	var cause error
 	select {
 	case <-r.done:
 	case <-ctx.Done():
 		timedOut, cause = true, ctx.Err()
-	case <-tc:
-		timedOut = true
+	case <-r.expired:
+		timedOut, fired = true, true
 	}
-	r.timer.Stop()
+	if s.cfg.CommandTimeout > 0 && r.deadline.Swap(0) == 0 && !fired {
+		<-r.expired // the watchdog disarmed it first: take the token it is giving
+	}
 	var ehErr error
 	if timedOut {
 		ehErr = s.abortCmd(r)

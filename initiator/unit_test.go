@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/srpd/srpd/initiator/nbd"
 	"github.com/srpd/srpd/scsi"
@@ -202,5 +203,20 @@ func TestEarlyCompletion(t *testing.T) {
 	c.doneWith(r)
 	if len(c.free) != 1 {
 		t.Fatal("slot not back")
+	}
+}
+
+// TestWatchdogTick: the command-timeout watchdog's period is a sixteenth of the timeout,
+// within [1 ms, 250 ms], so a command times out at most 1/16 late (250 ms for long timeouts).
+func TestWatchdogTick(t *testing.T) {
+	for _, tc := range []struct{ d, want time.Duration }{
+		{time.Millisecond, time.Millisecond},
+		{160 * time.Millisecond, 10 * time.Millisecond},
+		{time.Second, 62500 * time.Microsecond},
+		{30 * time.Second, 250 * time.Millisecond},
+	} {
+		if got := watchdogTick(tc.d); got != tc.want {
+			t.Errorf("watchdogTick(%v) = %v, want %v", tc.d, got, tc.want)
+		}
 	}
 }

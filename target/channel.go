@@ -73,10 +73,16 @@ type closeReq struct {
 var errDisconnected = errors.New("target: channel disconnected")
 
 // channel is one RDMA channel (one RC QP) of a session. Everything but the close request, the
-// event queue and the statistics is owned by the channel's loop goroutine (run): receive and
-// send completions, credits, contexts and posting all happen there, so the data path takes no
-// lock of its own. LUN workers only execute commands and post events back.
+// event queue and the statistics is owned by whoever holds loopMu: the channel's loop goroutine
+// (run) while it is not waiting, or the transport's receive goroutine running onCQ (run to
+// completion: a command on a RAM LUN is answered without waking the loop). Receive and send
+// completions, credits, contexts and posting all happen under it, so the data path takes no
+// other lock of its own. LUN workers only execute commands and post events back.
 type channel struct {
+	loopMu sync.Mutex
+	hwcs   []transport.WC // onCQ's poll buffer (loopMu)
+	hPend  []transport.WC // completions onCQ left to the loop, in order (loopMu)
+
 	t     *Target
 	sess  *session
 	id    uint64
@@ -216,8 +222,23 @@ func (ch *channel) run() {
 		cmEvents = ch.conn.Events()
 	}
 	notify := ch.cq.Notify()
+	if h, ok := ch.cq.(transport.CompletionHandler); ok && !ch.t.lim.NoCompletionHandler {
+		ch.hwcs = make([]transport.WC, 64)
+		ch.hPend = make([]transport.WC, 0, 64)
+		h.SetCompletionHandler(ch.onCQ)
+		defer h.SetCompletionHandler(nil)
+	}
+	ch.loopMu.Lock()
+	defer ch.loopMu.Unlock()
 	for {
 		progress := false
+		if len(ch.hPend) > 0 {
+			for i := range ch.hPend {
+				ch.onWC(&ch.hPend[i])
+			}
+			ch.hPend = ch.hPend[:0]
+			progress = true
+		}
 		if n := ch.cq.Poll(wcs); n > 0 {
 			for i := range wcs[:n] {
 				ch.onWC(&wcs[i])
@@ -262,18 +283,32 @@ func (ch *channel) run() {
 		if s := ch.st(); s != chLive {
 			timer.Reset(time.Until(ch.dl))
 		}
+		ch.loopMu.Unlock()
+		var (
+			ev      event
+			cme     transport.CMEvent
+			gotEv   bool
+			gotCMEv bool
+		)
 		select {
 		case <-notify:
-		case ev := <-ch.events:
-			ch.onEvent(ev)
+		case ev = <-ch.events:
+			gotEv = true
 		case <-ch.wake:
 		case e, ok := <-cmEvents:
 			if !ok {
 				cmEvents = nil
 				break
 			}
-			ch.onCMEvent(e)
+			cme, gotCMEv = e, true
 		case <-timer.C:
+		}
+		ch.loopMu.Lock()
+		if gotEv {
+			ch.onEvent(ev)
+		}
+		if gotCMEv {
+			ch.onCMEvent(cme)
 		}
 		if !timer.Stop() {
 			select {
@@ -283,6 +318,41 @@ func (ch *channel) run() {
 		}
 	}
 	ch.destroy()
+}
+
+// onCQ is the channel's completion handler (transport.CompletionHandler), run by the
+// transport's receive goroutine: it does the loop's completion work when the loop is idle and
+// the channel live, so that a request is answered without a goroutine handoff. Anything else
+// (the loop busy, a teardown begun) is left to the loop, woken by the token.
+func (ch *channel) onCQ() bool {
+	if !ch.loopMu.TryLock() {
+		return false
+	}
+	defer ch.loopMu.Unlock()
+	if ch.st() != chLive || len(ch.hPend) > 0 {
+		return false
+	}
+	for {
+		n := ch.cq.Poll(ch.hwcs)
+		for i := range ch.hwcs[:n] {
+			if ch.hwcs[i].Status != transport.WCSuccess {
+				// A flush or an error: the loop takes it (after a disconnect event it may
+				// already hold, which makes the flushes expected).
+				ch.hPend = append(ch.hPend, ch.hwcs[i:n]...)
+				return false
+			}
+			ch.onWC(&ch.hwcs[i])
+		}
+		if n < len(ch.hwcs) {
+			break
+		}
+	}
+	if ch.st() != chLive {
+		return false
+	}
+	ch.maybeCredReq()
+	ch.t.stats.handlerBatches.Add(1)
+	return true
 }
 
 // drained reports whether nothing of the channel is outstanding any more: for logging out,

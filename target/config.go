@@ -91,6 +91,10 @@ type Limits struct {
 	// on fast LUNs (RAM), whose commands otherwise execute on the channel's goroutine when
 	// the task attributes allow (see lunQueue). For comparison and tests.
 	NoInline bool
+	// NoCompletionHandler keeps completions on the channel's goroutine even when the
+	// transport could run them on its own receive goroutine (transport.CompletionHandler,
+	// which saves a goroutine wake-up per request at low queue depth). For comparison.
+	NoCompletionHandler bool
 	// TeardownTimeout bounds the drain of a channel (DefaultTeardownTimeout). Past it the
 	// channel's transport resources are destroyed anyway; memory still used by a command
 	// executing on a backend is released when that command returns.

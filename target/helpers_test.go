@@ -153,6 +153,13 @@ func newEnv(t testing.TB, o envOpts) *env {
 	if o.limits.QueueDepth == 0 {
 		o.limits.QueueDepth = 16
 	}
+	if o.fastGates {
+		// A held gate blocks a command that says it never blocks. On the transport's receive
+		// goroutine (the completion handler) that would stop the whole device, test
+		// initiator included, which is why real Nonblocking backends must never wait: these
+		// tests exercise inline execution on the channel's own goroutine.
+		o.limits.NoCompletionHandler = true
+	}
 	if o.limits.TeardownTimeout == 0 {
 		o.limits.TeardownTimeout = 5 * time.Second
 	}

@@ -11,8 +11,9 @@ import (
 )
 
 // TestInlineFastLUNs: commands to a plain RAM LUN execute inline on the channel's goroutine
-// (no LUN worker is ever started), with every descriptor format; Limits.NoInline and a LUN
-// whose backend is not known to be nonblocking use the workers.
+// or the transport's (no LUN worker is ever started), with every descriptor format;
+// Limits.NoInline and a LUN whose backend is not known to be nonblocking use the workers;
+// Limits.NoCompletionHandler keeps the completions on the channel's goroutine.
 func TestInlineFastLUNs(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -20,6 +21,7 @@ func TestInlineFastLUNs(t *testing.T) {
 		wantInline bool
 	}{
 		{"ram", envOpts{plainRAM: true}, true},
+		{"ram-nohandler", envOpts{plainRAM: true, limits: Limits{NoCompletionHandler: true}}, true},
 		{"ram-noinline", envOpts{plainRAM: true, limits: Limits{NoInline: true}}, false},
 		{"gate", envOpts{}, false},
 	} {
@@ -53,6 +55,12 @@ func TestInlineFastLUNs(t *testing.T) {
 				}
 			} else if st.InlineExecs != 0 {
 				t.Fatalf("inline executions %d on a LUN that must use the workers", st.InlineExecs)
+			}
+			// softroce runs completion handlers: the channel's completions are handled on its
+			// receive goroutine (some at least: the loop takes them while it is busy).
+			if h := st.HandlerBatches; (h == 0) != tc.o.limits.NoCompletionHandler {
+				t.Fatalf("%d completion batches on the transport's goroutine (NoCompletionHandler %v)",
+					h, tc.o.limits.NoCompletionHandler)
 			}
 		})
 	}

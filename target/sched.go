@@ -71,7 +71,8 @@ func newLUNQueue(t *Target, l *scsi.LUN) *lunQueue {
 
 // Nonblocking may be implemented by a backend whose operations never block for long (no I/O
 // to wait for, only memory to copy): the target then executes the LUN's commands inline (see
-// lunQueue).
+// lunQueue), which may be on the transport's receive goroutine (Limits.NoCompletionHandler):
+// such a backend must never wait for anything, or it holds up every channel of the device.
 type Nonblocking interface{ Nonblocking() bool }
 
 // fastLUN tells whether l's commands may execute inline: the commands of no LUN (REPORT LUNS,

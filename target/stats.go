@@ -130,6 +130,10 @@ type TargetStats struct {
 	// InlineExecs counts the commands executed inline on their channel's goroutine (fast
 	// LUNs; see Limits.NoInline) instead of on a LUN worker.
 	InlineExecs uint64
+	// HandlerBatches counts completion batches that channels handled on the transport's
+	// receive goroutine (transport.CompletionHandler; Limits.NoCompletionHandler) instead of
+	// their own.
+	HandlerBatches uint64
 	// Totals over every session, live and closed.
 	Commands uint64
 	BytesIn  uint64
@@ -146,6 +150,7 @@ type targetCounters struct {
 	rejects                                    [numCauses]atomic.Uint64
 	teardownTimeouts                           atomic.Uint64
 	inline                                     atomic.Uint64
+	handlerBatches                             atomic.Uint64
 	commands, bytesIn, bytesOut, errors        atomic.Uint64 // of closed channels
 }
 
@@ -163,6 +168,7 @@ func (t *Target) Stats() TargetStats {
 		MemoryBytes:      t.stats.memBytes.Load(),
 		LUNWorkers:       t.stats.workers.Load(),
 		InlineExecs:      t.stats.inline.Load(),
+		HandlerBatches:   t.stats.handlerBatches.Load(),
 		Commands:         t.stats.commands.Load(),
 		BytesIn:          t.stats.bytesIn.Load(),
 		BytesOut:         t.stats.bytesOut.Load(),

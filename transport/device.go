@@ -199,6 +199,22 @@ type CQ interface {
 	Close() error
 }
 
+// CompletionHandler is implemented by CQs whose engine can run the consumer's code on the
+// goroutine that produced the completions (run to completion), saving the wake-up of a
+// consumer goroutine per completion batch: at low queue depth that handoff costs more than the
+// work itself. It is optional; consumers fall back to Notify.
+type CompletionHandler interface {
+	// SetCompletionHandler installs fn (nil removes it). The engine calls fn, on one of its
+	// own goroutines and never concurrently with itself for one CQ, when it has added
+	// completions, instead of giving the Notify token; when fn returns false (it did not take
+	// them: its consumer is busy or needs its own goroutine) the engine gives the token.
+	// fn may Poll, post, modify QPs and take its own locks; it must not block on anything the
+	// engine has to deliver (Wait, Notify, a CM event, a completion) nor close the device, and
+	// should be short: the engine's receive path waits for it. Completions added in other
+	// contexts may still give the Notify token instead.
+	SetCompletionHandler(fn func() bool)
+}
+
 // QP is a reliable-connected queue pair.
 type QP interface {
 	// QPN is the local QP number (24 bits, ≥ 2).

@@ -3,6 +3,7 @@ package softroce
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/srpd/srpd/transport"
 )
@@ -21,6 +22,20 @@ type cq struct {
 	users  int // QPs (dev.mu)
 	// deferred: a notification is owed at the end of the receive batch (dev.mu).
 	deferred bool
+	// handler is the consumer's completion handler (transport.CompletionHandler), run by the
+	// receive loop instead of the notification token (atomic: set from any goroutine).
+	handler atomic.Pointer[func() bool]
+}
+
+// SetCompletionHandler implements transport.CompletionHandler. Only completions added by the
+// receive loop (the ones that end an idle consumer's wait at low queue depth) run it; those
+// of the transmit loop, timers and posts give the token.
+func (c *cq) SetCompletionHandler(fn func() bool) {
+	if fn == nil {
+		c.handler.Store(nil)
+		return
+	}
+	c.handler.Store(&fn)
 }
 
 func (c *cq) Cap() int                { return len(c.ring) }

@@ -116,6 +116,13 @@ type Device struct {
 	// until it releases mu (rxNotify), so that a woken consumer does not block on mu at once.
 	rxHolds   bool
 	notifyCQs []*cq
+	// rxSending is set while the receive loop runs completion handlers (rxHandle) and holds
+	// back its batch rxPend, to which posters add what they build (into rxSpare); the
+	// transmit loop waits meanwhile (txDeferred) and is woken after.
+	rxSending  bool
+	txDeferred bool
+	rxPend     []link.Packet
+	rxSpare    [][]byte
 	// txHolds is set while the transmit loop holds sendMu (PostSend then leaves its packets
 	// to the transmit loop rather than wait for a long batch).
 	txHolds atomic.Bool
@@ -489,9 +496,19 @@ func (d *Device) rxLoop() {
 			d.input(&rx[i], now)
 		}
 		d.rxBatch = false
-		ctl = d.rxFlush(ctl[:0], ctlBufs, big, now)
+		var nbig int
+		ctl, nbig = d.rxFlush(ctl[:0], ctlBufs, big, now)
 		ctl = d.cmTx(ctl)
 		d.rxHolds = false
+		if d.handlersOwed() {
+			ctl = d.rxHandle(ctl, big[nbig:])
+			if len(ctl) > 0 {
+				d.send(ctl)
+				d.sendMu.Unlock()
+				clear(ctl)
+			}
+			continue
+		}
 		if len(ctl) == 0 {
 			d.mu.Unlock()
 			d.rxNotify()
@@ -504,6 +521,50 @@ func (d *Device) rxLoop() {
 		d.sendMu.Unlock()
 		clear(ctl) // drop references to buffers' views
 	}
+}
+
+// handlersOwed reports whether a CQ notified by the last receive batch has a completion
+// handler. dev.mu held.
+func (d *Device) handlersOwed() bool {
+	for _, c := range d.notifyCQs {
+		if c.handler.Load() != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// rxHandle runs the completion handlers (and gives the other notifications) owed by the last
+// receive batch, with the packets the batch produced (ctl, not sent yet) held back so that
+// what the handlers post joins them: a responder's ACK and the reply its consumer posts leave
+// in one link send. While the handlers run (rxSending), nothing else sends: PostSend builds
+// into the batch (the free full-size buffers in spare) or leaves its QP to the transmit loop,
+// and the transmit loop waits, so packets still reach the link in the order they were built.
+// Called with dev.mu held; returns with it released and, when there is something to send,
+// with sendMu held.
+func (d *Device) rxHandle(ctl []link.Packet, spare [][]byte) []link.Packet {
+	d.rxSending, d.rxPend, d.rxSpare = true, ctl, spare
+	d.mu.Unlock()
+	for i, c := range d.notifyCQs {
+		d.notifyCQs[i] = nil
+		c.deferred = false
+		if h := c.handler.Load(); h == nil || !(*h)() {
+			c.wake()
+		}
+	}
+	d.notifyCQs = d.notifyCQs[:0]
+	d.mu.Lock()
+	ctl = d.rxPend
+	d.rxSending, d.rxPend, d.rxSpare = false, nil, nil
+	if d.txDeferred {
+		d.txDeferred = false
+		d.wake()
+	}
+	if len(ctl) > 0 {
+		d.sendMu.Lock()
+	}
+	d.mu.Unlock()
+	return ctl
 }
 
 // rxNotify gives the CQ notifications owed by the last receive batch. Only the receive loop
@@ -532,7 +593,7 @@ const (
 // work, up to the budget of full-size buffers big; whatever does not fit goes to the transmit
 // loop. A QP the transmit loop already has keeps it (it sends control packets behind read
 // responses, in order). dev.mu held; the caller sends the packets under sendMu.
-func (d *Device) rxFlush(pkts []link.Packet, ctlBufs, big [][]byte, now time.Time) []link.Packet {
+func (d *Device) rxFlush(pkts []link.Packet, ctlBufs, big [][]byte, now time.Time) ([]link.Packet, int) {
 	nctl, nbig := 0, 0
 	for _, q := range d.touched {
 		q.inTouched = false
@@ -565,7 +626,7 @@ func (d *Device) rxFlush(pkts []link.Packet, ctlBufs, big [][]byte, now time.Tim
 	}
 	clear(d.touched)
 	d.touched = d.touched[:0]
-	return pkts
+	return pkts, nbig
 }
 
 // txBatch is the number of packets the transmit loop builds before handing them to the link.
@@ -593,6 +654,17 @@ func (d *Device) txLoop() {
 		now := time.Now()
 		if !d.deadline.IsZero() && !now.Before(d.deadline) {
 			d.fireTimers(now)
+		}
+		if d.rxSending {
+			// The receive loop's handlers are running and it sends last (rxHandle).
+			d.txDeferred = true
+			d.mu.Unlock()
+			select {
+			case <-d.kick:
+			case <-d.done:
+				return
+			}
+			continue
 		}
 		pkts = d.transmit(pkts[:0], bufs, now)
 		pkts = d.cmTx(pkts)

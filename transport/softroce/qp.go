@@ -514,6 +514,23 @@ func (q *qp) PostSend(wrs []transport.SendWR) error {
 		d.mu.Unlock() // the transmit loop has q (and has been woken)
 		return nil
 	}
+	if d.rxSending {
+		// The receive loop is running completion handlers (maybe this caller) and sends its
+		// batch after them: join it, or leave q to the transmit loop when it is full.
+		if len(d.rxSpare) == 0 {
+			d.schedule(q)
+		} else {
+			n := len(d.rxPend)
+			var more bool
+			d.rxPend, more = q.work(d.rxPend, d.rxSpare, time.Now())
+			d.rxSpare = d.rxSpare[len(d.rxPend)-n:]
+			if more {
+				d.schedule(q)
+			}
+		}
+		d.mu.Unlock()
+		return nil
+	}
 	if !d.sendMu.TryLock() {
 		if d.txHolds.Load() {
 			// The transmit loop is sending a batch and goes on with the ready list after it.

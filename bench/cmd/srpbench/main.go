@@ -34,6 +34,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,7 +63,7 @@ const (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: srpbench target|nbd|mem [flags]")
+		fmt.Fprintln(os.Stderr, "usage: srpbench target|nbd|mem|lat [flags]")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -75,6 +76,8 @@ func main() {
 		err = runNBD(ctx, os.Args[2:])
 	case "mem":
 		err = runMem(ctx, os.Args[2:])
+	case "lat":
+		err = runLat(ctx, os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
@@ -462,6 +465,91 @@ func runNBD(ctx context.Context, args []string) error {
 		return err
 	}
 	return srv.Serve(ctx) // until SIGTERM, then a graceful shutdown
+}
+
+// ---- lat ----
+
+// runLat measures the SRP round trip without NBD: one goroutine issues -bs reads (or writes)
+// at random block-aligned offsets, one at a time, for -time, and prints the mean, p50 and p99
+// latency. It separates the cost of the SRP path (initiator, softroce, target) from the NBD
+// front end that `make bench-nbd` includes.
+func runLat(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("lat", flag.ContinueOnError)
+	var o sessOpts
+	targetS, portID := o.flags(fs)
+	bsS := fs.String("bs", "4k", "I/O size")
+	write := fs.Bool("write", false, "writes instead of reads")
+	dur := fs.Duration("time", 5*time.Second, "how long to measure")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := o.parse(*targetS, *portID); err != nil {
+		return err
+	}
+	bs, err := parseSize(*bsS)
+	if err != nil {
+		return err
+	}
+	log := newLog(false)
+	dev, _, err := openDevice(ctx, "bench-lat", o.target.Addr(), 0, log.Named("softroce"))
+	if err != nil {
+		return err
+	}
+	defer closeDevice(dev)
+	dev.SetPeerUDPPort(o.target.Addr(), o.target.Port())
+	sess, err := dial(ctx, dev, &o, 2, log.Named("initiator"))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = closeSession(sess) }()
+	lun := sess.LUN(0)
+	if lun == nil {
+		return errors.New("no LUN 0")
+	}
+	blocks := lun.Size() / bs
+	if blocks < 1 {
+		return fmt.Errorf("LUN of %d bytes is smaller than -bs %d", lun.Size(), bs)
+	}
+	stopProf, err := startProfile(*cpuprofile)
+	if err != nil {
+		return err
+	}
+	defer stopProf()
+	buf := make([]byte, bs)
+	rng := rand.New(rand.NewPCG(1, 2))
+	lats := make([]time.Duration, 0, 1<<16)
+	end := time.Now().Add(*dur)
+	for time.Now().Before(end) && ctx.Err() == nil {
+		off := rng.Int64N(blocks) * bs
+		t0 := time.Now()
+		if *write {
+			err = lun.WriteAt(ctx, buf, off, false)
+		} else {
+			err = lun.ReadAt(ctx, buf, off)
+		}
+		if err != nil {
+			return err
+		}
+		lats = append(lats, time.Since(t0))
+	}
+	if len(lats) == 0 {
+		return errors.New("no I/O completed")
+	}
+	slices.Sort(lats)
+	var sum time.Duration
+	for _, l := range lats {
+		sum += l
+	}
+	fmt.Fprintf(os.Stderr, "initiator stats: %+v\n", sess.Stats())
+	op := "read"
+	if *write {
+		op = "write"
+	}
+	fmt.Printf("lat %s bs=%d n=%d mean_us=%.1f p50_us=%.1f p99_us=%.1f\n", op, bs, len(lats),
+		float64(sum.Microseconds())/float64(len(lats)), float64(lats[len(lats)/2].Nanoseconds())/1e3,
+		float64(lats[len(lats)*99/100].Nanoseconds())/1e3)
+	return nil
 }
 
 // ---- mem ----

@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -49,6 +50,8 @@ type conn struct {
 	remote string
 	log    *zap.Logger
 	br     *bufio.Reader
+	raw    *rawStream      // nc's raw syscalls (nil: not a socket); br reads through it
+	rawIOV []syscall.Iovec // the reply batch's iovecs (rmu, writing)
 
 	ctx    context.Context // passed to the Device; cancelled by kill and at the end
 	cancel context.CancelFunc
@@ -118,13 +121,19 @@ func newConn(s *Server, base context.Context, nc net.Conn) *conn {
 	if a := nc.RemoteAddr(); a != nil {
 		remote = a.String()
 	}
+	var rd io.Reader = nc
+	raw := newRawStream(nc)
+	if raw != nil {
+		rd = raw
+	}
 	return &conn{
 		srv:      s,
 		nc:       nc,
+		raw:      raw,
 		id:       id,
 		remote:   remote,
 		log:      s.log.With(zap.Uint64("conn", id), zap.String("remote", remote)),
-		br:       bufio.NewReaderSize(nc, readBufferSize),
+		br:       bufio.NewReaderSize(rd, readBufferSize),
 		ctx:      ctx,
 		cancel:   cancel,
 		done:     make(chan struct{}),
@@ -436,7 +445,13 @@ func (c *conn) send(r *request) {
 				c.iov = append(c.iov, q.out)
 			}
 			c.iovStore = c.iov[:0]
-			if _, err := c.iov.WriteTo(c.nc); err != nil {
+			var err error
+			if c.raw != nil {
+				c.rawIOV, err = c.raw.writeBuffers(c.iov, c.rawIOV)
+			} else {
+				_, err = c.iov.WriteTo(c.nc)
+			}
+			if err != nil {
 				c.fail(err)
 			}
 		}

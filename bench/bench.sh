@@ -30,11 +30,12 @@
 #   PROFILE=1 bench/bench.sh nbd  # CPU profiles of our two processes, top functions printed
 #
 # Environment: RUNTIME (s per fio job, 10), RAMP (s, 1), SIZE (export size, 1g), QDS ("32 1"),
-# CHANNELS (2), INI_QD (initiator queue depth per channel, 64), OURS_GOMAXPROCS (GOMAXPROCS of
-# our two processes; default: the Go default, the number of CPUs), PROFILE, PROFILE_DIR (where to
-# keep the profiles; default: the work directory, removed at exit), MEM_SESSIONS ("1 64"),
+# CHANNELS (2), INI_QD (initiator queue depth per channel, 64), OURS_GOMAXPROCS (the GOMAXPROCS
+# settings to run ours with, each as its own pair of processes in the same run: "default" is Go's
+# (the number of CPUs), N gives column ours-gmpN; default "default 1"), PROFILE, PROFILE_DIR
+# (where to keep the profiles; default: the work directory, removed at exit), MEM_SESSIONS ("1 64"),
 # MEM_QD (128), MEM_IOS (N, 20000), MEM_LUN (64m), MEM_SIZES ("4k,4k,16k,64k"), MEM_WORKERS
-# (I/O goroutines per session, 0: channels × qd / 2).
+# (I/O goroutines per session, 0: channels × qd / 2), MEM_GOMAXPROCS (of the target; default Go's).
 # Needs: go, fio, qemu-nbd (qemu-utils), nbdkit, nbdcopy and nbdinfo (libnbd-bin), jq, openssl.
 # Only the processes this script starts are stopped, by PID; every wait is bounded.
 set -euo pipefail
@@ -45,7 +46,7 @@ SIZE=${SIZE:-1g}
 QDS=${QDS:-"32 1"}
 CHANNELS=${CHANNELS:-2}
 INI_QD=${INI_QD:-64}
-OURS_GOMAXPROCS=${OURS_GOMAXPROCS:-}
+OURS_GOMAXPROCS=${OURS_GOMAXPROCS:-"default 1"}
 PROFILE=${PROFILE:-}
 MEM_SESSIONS=${MEM_SESSIONS:-"1 64"}
 MEM_QD=${MEM_QD:-128}
@@ -53,6 +54,7 @@ MEM_IOS=${MEM_IOS:-20000}
 MEM_LUN=${MEM_LUN:-64m}
 MEM_SIZES=${MEM_SIZES:-4k,4k,16k,64k}
 MEM_WORKERS=${MEM_WORKERS:-0}
+MEM_GOMAXPROCS=${MEM_GOMAXPROCS:-}
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -130,7 +132,7 @@ pdir=${PROFILE_DIR:-$work}
 start_target() {
   local name=$1; shift
   rm -f "$work/$name.ready"
-  env ${OURS_GOMAXPROCS:+GOMAXPROCS=$OURS_GOMAXPROCS} "$bin" target -ready "$work/$name.ready" "$@" >"$work/$name.log" 2>&1 &
+  env ${MEM_GOMAXPROCS:+GOMAXPROCS=$MEM_GOMAXPROCS} "$bin" target -ready "$work/$name.ready" "$@" >"$work/$name.log" 2>&1 &
   tpid=$!
   pids+=("$tpid")
   wait_file "$work/$name.ready" "$name" "$tpid"
@@ -139,55 +141,87 @@ start_target() {
 
 # ---------------------------------------------------------------------------------------------
 nbd_section() {
-  local bytes uri name rw bs qd dir s out j
+  local bytes name rw bs qd dir s out j g
   bytes=$(numfmt --from=iec "${SIZE^^}")
   echo "== image: $SIZE of random data in $work (tmpfs)"
   openssl rand -out "$work/img.raw" "$bytes"
 
-  local tprof=() iprof=()
-  if [[ -n $PROFILE ]]; then
-    mkdir -p "$pdir"
-    tprof=(-cpuprofile "$pdir/target.cpu.pprof")
-    iprof=(-cpuprofile "$pdir/initiator.cpu.pprof")
-  fi
-  echo "== starting ours: SRP target process, SRP initiator + NBD process ($CHANNELS channels, QD $INI_QD${OURS_GOMAXPROCS:+, GOMAXPROCS $OURS_GOMAXPROCS})"
-  start_target target -lun-size "$SIZE" -qd 128 "${tprof[@]}"
-  local target_pid=$tpid
-  env ${OURS_GOMAXPROCS:+GOMAXPROCS=$OURS_GOMAXPROCS} "$bin" nbd -target "$tudp" -socket "$work/ours.sock" -ready "$work/nbd.ready" \
-    -channels "$CHANNELS" -qd "$INI_QD" "${iprof[@]}" >"$work/nbd.log" 2>&1 &
-  local nbd_pid=$!
-  pids+=("$nbd_pid")
-  wait_file "$work/nbd.ready" nbd "$nbd_pid"
+  # Ours: one SRP target process + one SRP initiator/NBD process per GOMAXPROCS setting.
+  declare -A uri cpupids
+  local servers=() ourpids=()
+  for g in $OURS_GOMAXPROCS; do
+    s=ours; [[ $g == default ]] || s=ours-gmp$g
+    local genv=()
+    [[ $g == default ]] || genv=(GOMAXPROCS=$g)
+    local tprof=() iprof=()
+    if [[ -n $PROFILE ]]; then
+      mkdir -p "$pdir"
+      tprof=(-cpuprofile "$pdir/$s.target.cpu.pprof")
+      iprof=(-cpuprofile "$pdir/$s.initiator.cpu.pprof")
+    fi
+    echo "== starting $s: SRP target process, SRP initiator + NBD process ($CHANNELS channels, QD $INI_QD, GOMAXPROCS $g)"
+    rm -f "$work/$s.target.ready"
+    env "${genv[@]}" "$bin" target -ready "$work/$s.target.ready" -lun-size "$SIZE" -qd 128 "${tprof[@]}" >"$work/$s.target.log" 2>&1 &
+    tpid=$!
+    pids+=("$tpid")
+    wait_file "$work/$s.target.ready" "$s.target" "$tpid"
+    tudp=$(sed -n 's/.*udp=\([^ ]*\).*/\1/p' "$work/$s.target.ready")
+    env "${genv[@]}" "$bin" nbd -target "$tudp" -socket "$work/$s.sock" -ready "$work/$s.nbd.ready" \
+      -channels "$CHANNELS" -qd "$INI_QD" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
+    local npid=$!
+    pids+=("$npid")
+    wait_file "$work/$s.nbd.ready" "$s.nbd" "$npid"
+    uri[$s]="nbd+unix:///disk?socket=$work/$s.sock"
+    cpupids[$s]="$tpid $npid"
+    ourpids+=("$tpid" "$npid")
+    servers+=("$s")
+  done
   qemu-nbd -k "$work/qemu.sock" -x disk -f raw -t --cache=none --aio=threads "$work/img.raw" >"$work/qemu.log" 2>&1 &
   pids+=($!)
   nbdkit -f -U "$work/nbdkit.sock" -e disk -t 4 memory "$bytes" >"$work/nbdkit.log" 2>&1 &
   pids+=($!)
-
-  declare -A uri=(
-    [ours]="nbd+unix:///disk?socket=$work/ours.sock"
-    [qemu-nbd]="nbd+unix:///disk?socket=$work/qemu.sock"
-    [nbdkit]="nbd+unix:///disk?socket=$work/nbdkit.sock"
-  )
-  local servers=(ours qemu-nbd nbdkit)
+  uri[qemu-nbd]="nbd+unix:///disk?socket=$work/qemu.sock"
+  uri[nbdkit]="nbd+unix:///disk?socket=$work/nbdkit.sock"
+  local ours=("${servers[@]}")
+  servers+=(qemu-nbd nbdkit)
   for s in "${servers[@]}"; do wait_nbd "${uri[$s]}"; done
-  echo "== filling ours and nbdkit from the image (nbdcopy)"
-  for s in ours nbdkit; do timeout 600 nbdcopy --flush "$work/img.raw" "${uri[$s]}"; done
+  echo "== filling ${ours[*]} and nbdkit from the image (nbdcopy)"
+  for s in "${ours[@]}" nbdkit; do timeout 600 nbdcopy --flush "$work/img.raw" "${uri[$s]}"; done
+
+  # The transport floor, in the same run: a 64-byte UDP request answered with 4 KiB + 64 bytes
+  # between two Go processes (what an SRP read's SEND and RDMA WRITE + SEND cost at least).
+  rm -f "$work/udp.ready"
+  "$bin" udp-echo -ready "$work/udp.ready" -reply 4160 >"$work/udp.log" 2>&1 &
+  local upid=$!
+  pids+=("$upid")
+  wait_file "$work/udp.ready" udp "$upid"
+  local udpline udp_mean
+  udpline=$("$bin" udp-ping -target "$(sed -n 's/udp=\([^ ]*\).*/\1/p' "$work/udp.ready")" -time "${RUNTIME}s")
+  udp_mean=$(sed -n 's/.*mean_us=\([0-9.]*\).*/\1/p' <<<"$udpline")
+  stop "$upid"
+  forget "$upid"
+  echo "udp round trip (2 Go processes, 64 B / 4160 B): $udpline"
 
   # name rw bs qd unit
   local jobs=()
   for qd in $QDS; do
     jobs+=("seqread-128k-qd$qd read 128k $qd MiB/s" "seqwrite-128k-qd$qd write 128k $qd MiB/s" "randread-4k-qd$qd randread 4k $qd IOPS")
   done
-  declare -A val lat p99
+  declare -A val lat p99 cpu
   local unit
+  ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat"))); done; echo "$t"; }
   for j in "${jobs[@]}"; do
     read -r name rw bs qd unit <<<"$j"
     dir=read; [[ $rw == *write* ]] && dir=write
     for s in "${servers[@]}"; do
       out="$work/$name.$s.json"
+      local c0="" t0 t1 ios
+      [[ -n ${cpupids[$s]:-} ]] && c0=$(ticks ${cpupids[$s]})
+      t0=$(date +%s%N)
       timeout $((RUNTIME + RAMP + 60)) fio --name="$name" --ioengine=nbd --uri="${uri[$s]}" --rw="$rw" --bs="$bs" \
         --iodepth="$qd" --size="$SIZE" --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" \
         --output-format=json --output="$out" >/dev/null
+      t1=$(date +%s%N)
       if [[ $unit == IOPS ]]; then
         val[$name.$s]=$(jq -r ".jobs[0].$dir.iops" "$out")
       else
@@ -195,40 +229,81 @@ nbd_section() {
       fi
       lat[$name.$s]=$(jq -r ".jobs[0].$dir.lat_ns.mean / 1000" "$out")
       p99[$name.$s]=$(jq -r ".jobs[0].$dir.clat_ns.percentile[\"99.000000\"] / 1000" "$out")
-      printf '%-20s %-9s %10.1f %-5s  mean %9.1f us  p99 %9.1f us\n' "$name" "$s" "${val[$name.$s]}" "$unit" \
-        "${lat[$name.$s]}" "${p99[$name.$s]}"
+      local extra=""
+      if [[ -n $c0 ]]; then
+        # CPU time of our two processes per I/O (ramp included: I/Os estimated from the IOPS
+        # over the whole job's wall time).
+        ios=$(jq -r ".jobs[0].$dir.iops" "$out")
+        cpu[$name.$s]=$(jq -n "($(ticks ${cpupids[$s]}) - $c0) / $(getconf CLK_TCK) * 1e6 / ($ios * ($t1 - $t0) / 1e9)")
+        extra=$(printf '  cpu %7.1f us/IO' "${cpu[$name.$s]}")
+      fi
+      printf '%-20s %-10s %10.1f %-5s  mean %9.1f us  p99 %9.1f us%s\n' "$name" "$s" "${val[$name.$s]}" "$unit" \
+        "${lat[$name.$s]}" "${p99[$name.$s]}" "$extra"
     done
   done
 
   ratio() { jq -n "if $2 == 0 then 0 else $1 / $2 end"; }
   echo
   echo "== NBD summary: fio nbd engine, unix sockets, ${RUNTIME}s per job, export $SIZE, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
-  printf '%-20s %-6s | %10s %10s %10s | %10s %10s\n' job unit ours qemu-nbd nbdkit ours/qemu ours/nbdkit
+  local hdr row o
+  hdr=$(printf '%-20s %-6s |' job unit)
+  for s in "${servers[@]}"; do hdr+=$(printf ' %10s' "$s"); done
+  hdr+=" |"
+  for o in "${ours[@]}"; do hdr+=$(printf ' %15s %15s' "$o/qemu" "$o/nbdkit"); done
+  echo "$hdr"
   for j in "${jobs[@]}"; do
     read -r name _ _ _ unit <<<"$j"
-    printf '%-20s %-6s | %10.1f %10.1f %10.1f | %10.2f %10.2f\n' "$name" "$unit" \
-      "${val[$name.ours]}" "${val[$name.qemu-nbd]}" "${val[$name.nbdkit]}" \
-      "$(ratio "${val[$name.ours]}" "${val[$name.qemu-nbd]}")" "$(ratio "${val[$name.ours]}" "${val[$name.nbdkit]}")"
+    row=$(printf '%-20s %-6s |' "$name" "$unit")
+    for s in "${servers[@]}"; do row+=$(printf ' %10.1f' "${val[$name.$s]}"); done
+    row+=" |"
+    for o in "${ours[@]}"; do
+      row+=$(printf ' %15.2f %15.2f' "$(ratio "${val[$name.$o]}" "${val[$name.qemu-nbd]}")" "$(ratio "${val[$name.$o]}" "${val[$name.nbdkit]}")")
+    done
+    echo "$row"
   done
   for qd in $QDS; do
     name=randread-4k-qd$qd
-    printf '%-20s %-6s | %10.1f %10.1f %10.1f | %10.2f %10.2f   (lower is better)\n' "$name" "us avg" \
-      "${lat[$name.ours]}" "${lat[$name.qemu-nbd]}" "${lat[$name.nbdkit]}" \
-      "$(ratio "${lat[$name.ours]}" "${lat[$name.qemu-nbd]}")" "$(ratio "${lat[$name.ours]}" "${lat[$name.nbdkit]}")"
-    printf '%-20s %-6s | %10.1f %10.1f %10.1f | %10.2f %10.2f   (lower is better)\n' "$name" "us p99" \
-      "${p99[$name.ours]}" "${p99[$name.qemu-nbd]}" "${p99[$name.nbdkit]}" \
-      "$(ratio "${p99[$name.ours]}" "${p99[$name.qemu-nbd]}")" "$(ratio "${p99[$name.ours]}" "${p99[$name.nbdkit]}")"
+    for m in mean p99; do
+      row=$(printf '%-20s %-6s |' "$name" "us $m")
+      for s in "${servers[@]}"; do
+        if [[ $m == mean ]]; then row+=$(printf ' %10.1f' "${lat[$name.$s]}"); else row+=$(printf ' %10.1f' "${p99[$name.$s]}"); fi
+      done
+      row+=" |"
+      for o in "${ours[@]}"; do
+        if [[ $m == mean ]]; then
+          row+=$(printf ' %15.2f %15.2f' "$(ratio "${lat[$name.$o]}" "${lat[$name.qemu-nbd]}")" "$(ratio "${lat[$name.$o]}" "${lat[$name.nbdkit]}")")
+        else
+          row+=$(printf ' %15.2f %15.2f' "$(ratio "${p99[$name.$o]}" "${p99[$name.qemu-nbd]}")" "$(ratio "${p99[$name.$o]}" "${p99[$name.nbdkit]}")")
+        fi
+      done
+      echo "$row   (lower is better)"
+    done
   done
+  if [[ " $QDS " == *" 1 "* ]]; then
+    name=randread-4k-qd1
+    echo
+    echo "== QD1 4 KiB read latency against its floor: qemu-nbd's latency plus one UDP round trip between two"
+    echo "   Go processes ($udp_mean us, measured above), the one exchange our design adds (NBD client ->"
+    echo "   initiator process -> target process and back)"
+    for o in "${ours[@]}"; do
+      printf '%-10s mean %8.1f us   floor %8.1f us   ours/floor %5.2f   cpu %7.1f us/IO (target + initiator)\n' "$o" \
+        "${lat[$name.$o]}" "$(jq -n "${lat[$name.qemu-nbd]} + $udp_mean")" \
+        "$(ratio "${lat[$name.$o]}" "$(jq -n "${lat[$name.qemu-nbd]} + $udp_mean")")" "${cpu[$name.$o]}"
+    done
+  fi
 
-  local rest=()
-  for s in "${pids[@]}"; do [[ $s == "$nbd_pid" || $s == "$target_pid" ]] || rest+=("$s"); done
-  stop "$nbd_pid" "$target_pid" "${rest[@]}"
-  forget "$nbd_pid" "$target_pid" "${rest[@]}"
+  stop "${ourpids[@]}"
+  forget "${ourpids[@]}"
+  local rest=("${pids[@]}")
+  stop "${rest[@]}"
+  forget "${rest[@]}"
   if [[ -n $PROFILE ]]; then
-    for p in target initiator; do
-      echo
-      echo "== CPU profile of the $p process ($pdir/$p.cpu.pprof), covering the fill and every job of ours"
-      (cd "$root" && go tool pprof -top -nodecount=30 "$pdir/$p.cpu.pprof" 2>/dev/null | sed -n '1,40p') || true
+    for o in "${ours[@]}"; do
+      for p in target initiator; do
+        echo
+        echo "== CPU profile of $o's $p process ($pdir/$o.$p.cpu.pprof), covering the fill and every job"
+        (cd "$root" && go tool pprof -top -nodecount=30 "$pdir/$o.$p.cpu.pprof" 2>/dev/null | sed -n '1,40p') || true
+      done
     done
   fi
 }

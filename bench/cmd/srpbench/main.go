@@ -63,7 +63,7 @@ const (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: srpbench target|nbd|mem|lat [flags]")
+		fmt.Fprintln(os.Stderr, "usage: srpbench target|nbd|mem|lat|udp-echo|udp-ping [flags]")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -78,6 +78,10 @@ func main() {
 		err = runMem(ctx, os.Args[2:])
 	case "lat":
 		err = runLat(ctx, os.Args[2:])
+	case "udp-echo":
+		err = runUDPEcho(ctx, os.Args[2:])
+	case "udp-ping":
+		err = runUDPPing(ctx, os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
@@ -533,21 +537,106 @@ func runLat(ctx context.Context, args []string) error {
 		}
 		lats = append(lats, time.Since(t0))
 	}
+	fmt.Fprintf(os.Stderr, "initiator stats: %+v\n", sess.Stats())
+	op := "lat read"
+	if *write {
+		op = "lat write"
+	}
+	return printLats(op, int(bs), lats)
+}
+
+// ---- udp-echo / udp-ping: the raw transport baseline ----
+
+// runUDPEcho answers every datagram on a loopback UDP socket with -reply bytes: with
+// udp-ping in another process it measures what one request/response exchange between two Go
+// processes costs on this machine without any RDMA or SRP on top (the floor under an SRP
+// command's round trip: the SEND of the command and the RDMA WRITE + SEND of the answer).
+func runUDPEcho(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("udp-echo", flag.ContinueOnError)
+	ready := fs.String("ready", "", "file to write \"udp=ADDR:PORT pid=PID\" to once listening")
+	reply := fs.Int("reply", 4096+64, "reply size in bytes")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		return err
+	}
+	go func() {
+		<-ctx.Done()
+		c.Close()
+	}()
+	if err := writeReady(*ready, fmt.Sprintf("udp=%s pid=%d", c.LocalAddr(), os.Getpid())); err != nil {
+		return err
+	}
+	buf := make([]byte, max(*reply, 65536))
+	for {
+		_, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if _, err := c.WriteToUDPAddrPort(buf[:*reply], from); err != nil {
+			return err
+		}
+	}
+}
+
+// runUDPPing sends -size bytes to a udp-echo process and waits for its reply, one at a time,
+// for -time, and prints the mean, p50 and p99 round trip.
+func runUDPPing(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("udp-ping", flag.ContinueOnError)
+	targetS := fs.String("target", "", "the udp-echo address (from its ready file)")
+	size := fs.Int("size", 64, "request size in bytes")
+	dur := fs.Duration("time", 5*time.Second, "how long to measure")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	to, err := netip.ParseAddrPort(*targetS)
+	if err != nil {
+		return fmt.Errorf("-target %q: %w", *targetS, err)
+	}
+	if err := loopback(to.Addr()); err != nil {
+		return err
+	}
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(to))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	buf := make([]byte, 65536)
+	lats := make([]time.Duration, 0, 1<<16)
+	end := time.Now().Add(*dur)
+	for time.Now().Before(end) && ctx.Err() == nil {
+		t0 := time.Now()
+		if _, err := c.Write(buf[:*size]); err != nil {
+			return err
+		}
+		if err := c.SetReadDeadline(time.Now().Add(time.Second)); err != nil {
+			return err
+		}
+		if _, err := c.Read(buf); err != nil {
+			return err // a lost datagram on loopback: say so rather than skew the figures
+		}
+		lats = append(lats, time.Since(t0))
+	}
+	return printLats("udp-ping", *size, lats)
+}
+
+// printLats prints the mean, p50 and p99 of lats as one line.
+func printLats(what string, size int, lats []time.Duration) error {
 	if len(lats) == 0 {
-		return errors.New("no I/O completed")
+		return errors.New("nothing completed")
 	}
 	slices.Sort(lats)
 	var sum time.Duration
 	for _, l := range lats {
 		sum += l
 	}
-	fmt.Fprintf(os.Stderr, "initiator stats: %+v\n", sess.Stats())
-	op := "read"
-	if *write {
-		op = "write"
-	}
-	fmt.Printf("lat %s bs=%d n=%d mean_us=%.1f p50_us=%.1f p99_us=%.1f\n", op, bs, len(lats),
-		float64(sum.Microseconds())/float64(len(lats)), float64(lats[len(lats)/2].Nanoseconds())/1e3,
+	fmt.Printf("%s bs=%d n=%d mean_us=%.1f p50_us=%.1f p99_us=%.1f\n", what, size, len(lats),
+		float64(sum.Nanoseconds())/1e3/float64(len(lats)), float64(lats[len(lats)/2].Nanoseconds())/1e3,
 		float64(lats[len(lats)*99/100].Nanoseconds())/1e3)
 	return nil
 }

@@ -109,7 +109,8 @@ type Config struct {
 
 	// CommandTimeout bounds each SCSI command (besides the caller's context): when it expires
 	// the command is aborted (ABORT TASK, then LOGICAL UNIT RESET, then a channel reset). Off: no
-	// bound but the context's.
+	// bound but the context's. A per-session watchdog checks the deadlines every
+	// CommandTimeout/16 (1 ms..250 ms), so a command times out up to that much late.
 	CommandTimeout time.Duration
 	// TaskMgmtTimeout bounds the wait for a task management response.
 	TaskMgmtTimeout time.Duration

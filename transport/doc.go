@@ -39,6 +39,16 @@
 // is the exception: the engine keeps a reference to the caller's slice and copies it when the WR
 // executes, so the caller must not modify it until the WR (or a later one on the SQ) completes.
 //
+// # Completions on the engine's goroutine
+//
+// A consumer normally waits on CQ.Notify and polls from its own goroutine. At low queue depth
+// the wake-up of that goroutine costs more than the work itself, so a CQ may also implement
+// CompletionHandler: the engine then runs the consumer's function on its own goroutine right
+// after adding completions (softroce: the receive loop, after releasing its lock; whatever the
+// handler posts joins the ACKs of the same receive batch in one link send). The handler must not
+// wait for the engine (it runs on it); target and initiator take the completions there only when
+// their channel goroutine is idle and leave failures and teardown to it.
+//
 // # Connection management
 //
 // Not in this package yet. A QP gets its address vector, destination QPN and PSNs from the

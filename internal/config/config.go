@@ -92,8 +92,9 @@ type Transport struct {
 	// SocketBuffer (softroce) is the UDP socket's SO_RCVBUF/SO_SNDBUF (default 4MiB).
 	SocketBuffer Size `yaml:"socket_buffer,omitempty" json:"socket_buffer,omitempty"`
 	// MTU is the largest RoCE path MTU to use: 256, 512, 1024, 2048 or 4096. softroce: default
-	// 4096 (a Linux rxe peer on a 1500-byte Ethernet link uses 1024). verbs: default 0, the
-	// port's active MTU.
+	// 4096; a connection it dials offers at most what the local interface's MTU allows, as the
+	// kernel computes it for rxe (1024 on a 1500-byte Ethernet link, 4096 on loopback).
+	// verbs: default 0, the port's active MTU.
 	MTU int `yaml:"mtu,omitempty" json:"mtu,omitempty"`
 	// Device (verbs) is the RDMA device name (ibv_devices, `rdma link`), e.g. mlx5_0 or rxe0.
 	Device string `yaml:"device,omitempty" json:"device,omitempty"`

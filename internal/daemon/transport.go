@@ -106,7 +106,8 @@ func openSoftRoCE(ctx context.Context, cfg config.Transport, log *zap.Logger) (*
 			addrs = append(addrs, netip.AddrPortFrom(a, lnk.LocalAddrPort().Port()))
 		}
 	}
-	dev, err := softroce.Open(softroce.Config{Name: "srpd-" + cfg.Name, Link: lnk, Addrs: addrs, Logger: log.Named("softroce")})
+	dev, err := softroce.Open(softroce.Config{Name: "srpd-" + cfg.Name, Link: lnk, Addrs: addrs, Logger: log.Named("softroce"),
+		MTU: transport.MTUFromBytes(cfg.MTU)})
 	if err != nil {
 		_ = lnk.Close()
 		return nil, fmt.Errorf("transport %s: %w", cfg.Name, err)

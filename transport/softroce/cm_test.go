@@ -127,7 +127,8 @@ func connectCM(t *testing.T, p *cmPair, dialPD, acceptPD []byte) (ca, cb transpo
 		t.Fatalf("request private data %x; want %x + zeros", req.PrivateData(), dialPD)
 	}
 	info := req.Info()
-	if info.RemoteQPN != p.a.qp.QPN() || info.PathMTU != transport.MTU1024 || info.PacketSrc != p.a.addr.Addr() ||
+	// Loopback's 65536-byte MTU: the kernel would offer 4096 as well (iboe_get_mtu).
+	if info.RemoteQPN != p.a.qp.QPN() || info.PathMTU != transport.MTU4096 || info.PacketSrc != p.a.addr.Addr() ||
 		info.PacketDst != p.b.addr.Addr() || info.RemoteAddr.Addr() != p.a.addr.Addr() || info.LocalAddr != netip.AddrPortFrom(p.b.addr.Addr(), cmPort) ||
 		info.ResponderResources != 4 || info.InitiatorDepth != 4 || !info.FlowControl {
 		t.Fatalf("request info %+v", info)
@@ -721,7 +722,7 @@ func TestCMDialREQFormat(t *testing.T) {
 	mapped := func(a netip.Addr) [16]byte { return netip.AddrFrom16(a.As16()).As16() }
 	if f.ServiceID != 0x00000000010615B3 || f.LocalQPN != p.a.qp.QPN() || f.ResponderResources != 4 ||
 		f.InitiatorDepth != 0 || f.RetryCount != 7 || f.RNRRetryCount != 7 || !f.EndToEndFlowControl ||
-		f.PartitionKey != 0xFFFF || f.PathMTU != uint8(transport.MTU1024) || f.TransportServiceType != 0 ||
+		f.PartitionKey != 0xFFFF || f.PathMTU != uint8(transport.MTU4096) || f.TransportServiceType != 0 ||
 		f.MaxCMRetries != fastCM.MaxCMRetries || f.LocalCMResponseTimeout != fastCM.CMResponseTimeout ||
 		f.RemoteCMResponseTimeout != fastCM.CMResponseTimeout || f.LocalCommID == 0 {
 		t.Fatalf("REQ fields %+v", f)
@@ -923,5 +924,34 @@ func TestCMDisconnectThenDeviceClose(t *testing.T) {
 		p.b.close()
 		nextEvent(t, ca, transport.CMEventDisconnected)
 		p.a.close()
+	}
+}
+
+// TestIboeMTU: the path MTU offered for an interface MTU follows the kernel's iboe_get_mtu
+// (interface MTU less 96 bytes of headers, rounded down to an IB MTU).
+func TestIboeMTU(t *testing.T) {
+	for _, tc := range []struct {
+		ifMTU int
+		want  transport.MTU
+	}{
+		{65536, transport.MTU4096}, // lo
+		{9000, transport.MTU4096},
+		{4192, transport.MTU4096},
+		{4191, transport.MTU2048},
+		{1500, transport.MTU1024}, // Ethernet: what rxe uses
+		{1119, transport.MTU512},
+		{608, transport.MTU512},
+		{607, transport.MTU256},
+		{300, transport.MTU256},
+	} {
+		if got := iboeMTU(tc.ifMTU); got != tc.want {
+			t.Errorf("iboeMTU(%d) = %v, want %v", tc.ifMTU, got, tc.want)
+		}
+	}
+	if got := ifaceMTU(netip.MustParseAddr("127.0.0.1")); got != transport.MTU4096 {
+		t.Errorf("ifaceMTU(127.0.0.1) = %v, want 4096 (lo's MTU is 65536)", got)
+	}
+	if got := ifaceMTU(netip.MustParseAddr("192.0.2.77")); got != transport.MTU1024 {
+		t.Errorf("ifaceMTU of an address on no interface = %v, want 1024", got)
 	}
 }

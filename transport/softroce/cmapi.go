@@ -331,8 +331,8 @@ func (r *connRequest) MRA(serviceTimeout uint8, privateData []byte) error {
 
 // Dial implements transport.ConnManager. The REQ goes to remote's IP at UDP 4791 (or the port
 // set with SetPeerUDPPort) from the device address of remote's family (for a wildcard-bound
-// device: the source address the host routes remote from), offering path MTU 1024 as the
-// kernel does for a 1500-byte netdev.
+// device: the source address the host routes remote from), offering the device's MTU capped
+// by the local interface's (Config.MTU).
 func (d *Device) Dial(ctx context.Context, remote netip.AddrPort, tqp transport.QP, privateData []byte, param transport.ConnParam) (transport.CMConn, error) {
 	q, err := d.cmQP(tqp)
 	if err != nil {
@@ -349,6 +349,7 @@ func (d *Device) Dial(ctx context.Context, remote netip.AddrPort, tqp transport.
 	if err != nil {
 		return nil, fmt.Errorf("dial %v: %w", remote, err)
 	}
+	mtu := min(d.attr.ActiveMTU, ifaceMTU(local))
 	d.mu.Lock()
 	if d.closing {
 		d.mu.Unlock()
@@ -364,7 +365,7 @@ func (d *Device) Dial(ctx context.Context, remote netip.AddrPort, tqp transport.
 	c.out.Reset()
 	id, err := c.mgr.Dial(t, &cm.DialParams{
 		LocalAddr: local, RemoteAddr: ra, DstPort: remote.Port(), QPN: q.qpn,
-		PrivateData: privateData, Param: param,
+		PrivateData: privateData, Param: param, PathMTU: mtu,
 	}, &c.out)
 	if err != nil {
 		d.mu.Unlock()
@@ -443,4 +444,40 @@ func (d *Device) cmLocalAddr(remote netip.Addr) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("no local address towards %v: %w", remote, transport.ErrInvalidArgument)
 	}
 	return la, nil
+}
+
+// ifaceMTU is the RoCE path MTU the network interface holding a supports, as the kernel
+// computes it for rxe (torvalds/linux:include/rdma/ib_addr.h iboe_get_mtu: the interface MTU
+// less GRH 40 + UDP 8 + BTH 12 + XRC 4 + AtomicETH 28 + ICRC 4 = 96 bytes); 1024 when a is on
+// no interface.
+func ifaceMTU(a netip.Addr) transport.MTU {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return transport.MTU1024
+	}
+	for _, ifi := range ifs {
+		addrs, err := ifi.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, x := range addrs {
+			if n, ok := x.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == a.Unmap() {
+					return iboeMTU(ifi.MTU)
+				}
+			}
+		}
+	}
+	return transport.MTU1024
+}
+
+// iboeMTU maps an interface MTU to the largest RoCE path MTU that fits (iboe_get_mtu).
+func iboeMTU(ifMTU int) transport.MTU {
+	m := ifMTU - 96
+	for _, v := range []transport.MTU{transport.MTU4096, transport.MTU2048, transport.MTU1024, transport.MTU512, transport.MTU256} {
+		if m >= v.Bytes() {
+			return v
+		}
+	}
+	return transport.MTU256 // iboe_get_mtu gives 0 below 352 bytes; 256 is the smallest path MTU
 }

@@ -69,6 +69,12 @@ type Config struct {
 	Addrs []netip.AddrPort
 	// Logger receives the device's logs (nil: none).
 	Logger *zap.Logger
+	// MTU is the largest path MTU the device offers when it dials (the port's active MTU;
+	// default 4096). The offer is also capped by the MTU of the network interface holding the
+	// local address, as the kernel does for rxe (iboe_get_mtu: the interface MTU less 96 bytes
+	// of headers), so that a 1500-byte Ethernet link gets 1024 and loopback 4096; an address
+	// on no interface (an in-memory link) gets 1024.
+	MTU transport.MTU
 	// Limits; zero values select the defaults shown.
 	MaxQP      int // 1024
 	MaxMR      int // 65536
@@ -198,6 +204,12 @@ func Open(cfg Config) (*Device, error) {
 		MaxMsgSize:      1 << 31,
 		MaxMTU:          transport.MTU4096,
 		ActiveMTU:       transport.MTU4096,
+	}
+	if cfg.MTU != 0 {
+		if cfg.MTU.Bytes() == 0 {
+			return nil, fmt.Errorf("softroce: MTU %d: %w", cfg.MTU, transport.ErrInvalidArgument)
+		}
+		d.attr.ActiveMTU = cfg.MTU
 	}
 	d.addrs = cfg.Addrs
 	if len(d.addrs) == 0 {

@@ -537,7 +537,7 @@ func runLat(ctx context.Context, args []string) error {
 		}
 		lats = append(lats, time.Since(t0))
 	}
-	fmt.Fprintf(os.Stderr, "initiator stats: %+v\n", sess.Stats())
+	fmt.Fprintf(os.Stderr, "initiator stats: %+v\ninitiator device: %+v\n", sess.Stats(), dev.Stats())
 	op := "lat read"
 	if *write {
 		op = "lat write"

@@ -137,6 +137,8 @@ type channel struct {
 	// pollMu is held by serve while it is not waiting, and by onCQ (run by the transport's
 	// receive goroutine) while it handles completions in serve's place: the fields below that
 	// serve owns are only touched under it while serving.
+	asyncQ  []*request // answered asynchronous commands to finish after the batch (mu)
+	asyncW  []*request // runAsync's copy (pollMu)
 	pollMu  sync.Mutex
 	serving bool           // serve is running (pollMu)
 	srvQPN  uint32         // the QP serve polls for (pollMu)
@@ -242,6 +244,8 @@ func newChannel(s *Session, idx int) (*channel, error) {
 	c.wcs = make([]transport.WC, n)
 	c.leftover = make([]transport.WC, 0, n)
 	c.hwcs = make([]transport.WC, 64)
+	c.asyncQ = make([]*request, 0, qd)
+	c.asyncW = make([]*request, 0, qd)
 	c.hPend = make([]transport.WC, 0, n)
 	c.rwr[0].SGL = c.rsge[:]
 	c.ctrlQ = make([]ctrlMsg, 0, maxCtrlQ)
@@ -456,6 +460,14 @@ func (c *channel) capacity() int { return int(c.capBytes.Load()) }
 // a context error, or a transient shortage), and posted == true when the command is on its way:
 // the caller then waits for r.done.
 func (c *channel) start(ctx context.Context, r *request, spec *cmdSpec) (posted bool, err error) {
+	return c.startCmd(ctx, r, spec, true)
+}
+
+// errNoCredit: startCmd without waiting found no credit.
+var errNoCredit = errors.New("initiator: no credit")
+
+// startCmd is start; without wait it returns errNoCredit instead of waiting for a credit.
+func (c *channel) startCmd(ctx context.Context, r *request, spec *cmdSpec, wait bool) (posted bool, err error) {
 	// Take a credit: commands need req_lim > 1, the last credit is reserved for task management.
 	for {
 		c.postMu.RLock()
@@ -475,6 +487,11 @@ func (c *channel) start(ctx context.Context, r *request, spec *cmdSpec) (posted 
 			// credit on a harmless task management function to collect them.
 			c.probing = true
 			go c.creditProbe()
+		}
+		if !wait {
+			c.mu.Unlock()
+			c.postMu.RUnlock()
+			return false, errNoCredit
 		}
 		w := c.creditWaitLocked()
 		c.mu.Unlock()
@@ -507,10 +524,10 @@ func (c *channel) start(ctx context.Context, r *request, spec *cmdSpec) (posted 
 	default:
 	}
 
+	r.started = time.Now() // before the post: an asynchronous command is another goroutine's then
 	sent, err := c.post(r)
 	c.postMu.RUnlock()
 	if sent {
-		r.started = time.Now()
 		return true, nil
 	}
 	// Nothing reached the send queue (the post is all-or-nothing): undo.
@@ -881,6 +898,7 @@ func (c *channel) serve() error {
 			}
 		}
 		c.afterBatch()
+		c.runAsync()
 		c.mu.Lock()
 		eh, inflight := c.ehReset, c.inflight
 		c.mu.Unlock()
@@ -951,12 +969,14 @@ func (c *channel) onCQ() bool {
 			if wc.Status != transport.WCSuccess {
 				c.hPend = append(c.hPend, c.hwcs[i:n]...)
 				c.afterBatch()
+				c.runAsync()
 				return false
 			}
 			if err := c.handleWC(wc); err != nil {
 				c.hErr = err
 				c.hPend = append(c.hPend, c.hwcs[i+1:n]...)
 				c.afterBatch()
+				c.runAsync()
 				return false
 			}
 		}
@@ -965,8 +985,26 @@ func (c *channel) onCQ() bool {
 		}
 	}
 	c.afterBatch()
+	c.runAsync()
 	c.s.stats.handlerBatches.Add(1)
 	return true
+}
+
+// runAsync finishes the asynchronous commands answered in the batch (pollMu held, c.mu not).
+func (c *channel) runAsync() {
+	c.mu.Lock()
+	if len(c.asyncQ) == 0 {
+		c.mu.Unlock()
+		return
+	}
+	c.asyncW = append(c.asyncW[:0], c.asyncQ...)
+	clear(c.asyncQ)
+	c.asyncQ = c.asyncQ[:0]
+	c.mu.Unlock()
+	for i, r := range c.asyncW {
+		c.asyncW[i] = nil
+		c.s.asyncAnswered(r)
+	}
 }
 
 // handleWC handles one successful completion.

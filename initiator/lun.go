@@ -161,6 +161,44 @@ func (l *LUN) ReadAt(ctx context.Context, p []byte, off int64) error {
 	return l.s.run(ctx, &j)
 }
 
+// ReadAtAsync is ReadAt without blocking: it calls done once with what ReadAt would return.
+// When a request slot and a credit are free and p fits one command, the command is posted at
+// once and done runs on the goroutine that handles its completion (the transport's receive
+// goroutine or the channel's); otherwise, and whenever the command needs error handling, on a
+// goroutine of its own. done must not block. ctx bounds the command like ReadAt's only where
+// error handling runs (the command timeout bounds it in any case); p must stay untouched
+// until done.
+func (l *LUN) ReadAtAsync(ctx context.Context, p []byte, off int64, done func(error)) {
+	if err := l.check(off, int64(len(p))); err != nil || len(p) == 0 {
+		done(err)
+		return
+	}
+	var j job
+	l.rwJob(&j, "READ(16)", off, len(p))
+	j.buf = p
+	if !l.s.submitAsync(ctx, &j, done) {
+		go func() { done(l.s.run(ctx, &j)) }()
+	}
+}
+
+// WriteAtAsync is WriteAt without blocking, as ReadAtAsync is ReadAt.
+func (l *LUN) WriteAtAsync(ctx context.Context, p []byte, off int64, fua bool, done func(error)) {
+	if err := l.check(off, int64(len(p))); err != nil || len(p) == 0 {
+		done(err)
+		return
+	}
+	if l.ReadOnly() {
+		done(fmt.Errorf("initiator: LUN %d: %w", l.info.Load().Number, ErrReadOnly))
+		return
+	}
+	var j job
+	l.rwJob(&j, "WRITE(16)", off, len(p))
+	j.buf, j.write, j.fua = p, true, fua
+	if !l.s.submitAsync(ctx, &j, done) {
+		go func() { done(l.s.run(ctx, &j)) }()
+	}
+}
+
 // WriteAt writes p at byte offset off with WRITE(16); with fua the Force Unit Access bit is set
 // and the data is durable when WriteAt returns. Small writes travel as immediate data when the
 // target granted it.

@@ -22,7 +22,10 @@ func NBDDevice(l *LUN) nbd.Device { return nbdDevice{l} }
 
 type nbdDevice struct{ l *LUN }
 
-var _ nbd.Device = nbdDevice{}
+var (
+	_ nbd.Device      = nbdDevice{}
+	_ nbd.AsyncDevice = nbdDevice{}
+)
 
 // NBDErrno returns the NBD error value for an error of the block API (0 for nil).
 func NBDErrno(err error, write bool) nbd.Errno {
@@ -64,6 +67,19 @@ func (d nbdDevice) ReadAt(ctx context.Context, p []byte, off int64) error {
 func (d nbdDevice) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
 	return mapErr(d.l.WriteAt(ctx, p, off, fua), true)
 }
+
+// ReadAtAsync and WriteAtAsync make the export an nbd.AsyncDevice: a request is posted by the
+// connection's reader and answered from the command's completion, without a goroutine per
+// request in between.
+func (d nbdDevice) ReadAtAsync(ctx context.Context, p []byte, off int64, done func(error)) {
+	d.l.ReadAtAsync(ctx, p, off, done)
+}
+
+func (d nbdDevice) WriteAtAsync(ctx context.Context, p []byte, off int64, fua bool, done func(error)) {
+	d.l.WriteAtAsync(ctx, p, off, fua, done)
+}
+
+func (d nbdDevice) AsyncError(err error, write bool) error { return mapErr(err, write) }
 
 func (d nbdDevice) Flush(ctx context.Context) error { return mapErr(d.l.Flush(ctx), false) }
 

@@ -1,6 +1,7 @@
 package initiator
 
 import (
+	"context"
 	"encoding/binary"
 	"sync/atomic"
 	"time"
@@ -113,6 +114,17 @@ type request struct {
 	deadline atomic.Int64
 	expired  chan struct{}
 
+	// Asynchronous commands (LUN.ReadAtAsync/WriteAtAsync), set before the post: the job,
+	// its caller's context and completion function. claimed says the deadline was already
+	// taken from the watchdog (await must not wait for its token); slow that the synchronous
+	// error handling has been started on a goroutine (once).
+	async   bool
+	aJob    job
+	aCtx    context.Context
+	aDone   func(error)
+	claimed bool
+	slow    atomic.Bool
+
 	// Completion state, guarded by ch.mu.
 	state     reqState
 	tag       uint64
@@ -175,6 +187,15 @@ func (c *channel) finishLocked(r *request) {
 		select {
 		case r.done <- struct{}{}:
 		default:
+		}
+		if r.async {
+			if r.out == outRsp {
+				// Answered: finished by the completion batch that got the response
+				// (channel.runAsync), without a goroutine when the answer is GOOD.
+				c.asyncQ = append(c.asyncQ, r)
+			} else {
+				c.s.asyncSlow(r) // aborted, reset, failed: the synchronous error handling
+			}
 		}
 	}
 	if released && r.callerOff {

@@ -611,11 +611,98 @@ func (s *Session) watchdog() {
 			for i := range c.reqs {
 				r := &c.reqs[i]
 				if d := r.deadline.Load(); d != 0 && now >= d && r.deadline.CompareAndSwap(d, 0) {
+					// Read before the token: once await has it, the slot may be reused.
+					async := r.async
 					r.expired <- struct{}{} // never blocks: await takes every token given
+					if async {
+						s.asyncSlow(r) // nobody waits: await runs on a goroutine of its own
+					}
 				}
 			}
 		}
 	}
+}
+
+// ---- asynchronous commands ----
+
+// submitAsync starts j as one command without blocking, if a request slot and a credit are
+// free at once and the whole range fits one command; false leaves j to the caller.
+func (s *Session) submitAsync(ctx context.Context, j *job, done func(error)) bool {
+	r := s.tryAcquire()
+	if r == nil {
+		return false
+	}
+	ck := chunk{off: 0, n: j.total}
+	n, err := s.fill(j, r.ch, &ck)
+	if err != nil || n != j.total {
+		s.releaseSlot(r)
+		return false
+	}
+	r.async, r.aJob, r.aCtx, r.aDone, r.claimed = true, *j, ctx, done, false
+	r.slow.Store(false)
+	// Armed before the post: the answer may be handled (asyncAnswered claims the deadline)
+	// before startCmd returns.
+	if s.cfg.CommandTimeout > 0 {
+		r.deadline.Store(int64(s.now() + s.cfg.CommandTimeout))
+	}
+	posted, _ := r.ch.startCmd(ctx, r, &j.spec, false)
+	if !posted {
+		r.deadline.Store(0) // nothing was posted: the watchdog cannot have fired in between
+		r.async, r.aJob, r.aCtx, r.aDone = false, job{}, nil, nil
+		s.releaseSlot(r)
+		return false
+	}
+	return true
+}
+
+// asyncAnswered finishes an asynchronous command the target answered (called after the
+// completion batch, c.mu not held): GOOD with the whole transfer completes it here, anything
+// else goes to the synchronous error handling.
+func (s *Session) asyncAnswered(r *request) {
+	if s.cfg.CommandTimeout > 0 {
+		if r.deadline.Swap(0) == 0 {
+			return // the watchdog timed it out first and started the error handling
+		}
+		r.claimed = true
+	}
+	c := r.ch
+	c.mu.Lock()
+	out, status, flags, diResid, doResid, imm := r.out, r.status, r.rspFlags, r.diResid, r.doResid, r.imm
+	c.mu.Unlock()
+	if out != outRsp || status != 0 || (flags&srp.DIUnder != 0 && diResid > 0) || (flags&srp.DOUnder != 0 && doResid > 0) {
+		s.asyncSlow(r)
+		return
+	}
+	j, done := &r.aJob, r.aDone
+	if !j.write {
+		copy(j.buf[:j.total], r.data[:j.total])
+	}
+	<-r.done // given by finishLocked before it queued r
+	s.stats.commands.Add(1)
+	if imm {
+		s.stats.imm.Add(1)
+	}
+	r.async, r.aJob, r.aCtx, r.aDone = false, job{}, nil, nil
+	c.doneWith(r)
+	done(nil)
+}
+
+// asyncSlow runs the synchronous path (await: abort, retries, sense) for an asynchronous
+// command on a goroutine of its own, once, whoever asks first (its completion, the watchdog,
+// a reset or teardown that ended it).
+func (s *Session) asyncSlow(r *request) {
+	if !r.slow.CompareAndSwap(false, true) {
+		return
+	}
+	ctx, j, done := r.aCtx, r.aJob, r.aDone
+	go func() {
+		ck := chunk{r: r, off: 0, n: j.total}
+		again, err := s.await(ctx, &j, &ck) // gives the slot back
+		if err == nil && again {
+			err = s.run(ctx, &j)
+		}
+		done(err)
+	}()
 }
 
 // watchdogTick is the watchdog's period for a command timeout d: d/16, within [1 ms, 250 ms].
@@ -780,6 +867,7 @@ func (s *Session) run(ctx context.Context, j *job) error {
 				firstErr = err
 				break
 			}
+			r.async, r.claimed = false, false
 			posted, err := r.ch.start(ctx, r, &j.spec)
 			if !posted {
 				s.releaseSlot(r)
@@ -898,7 +986,7 @@ func (s *Session) await(ctx context.Context, j *job, ck *chunk) (again bool, err
 	case <-r.expired:
 		timedOut, fired = true, true
 	}
-	if s.cfg.CommandTimeout > 0 && r.deadline.Swap(0) == 0 && !fired {
+	if s.cfg.CommandTimeout > 0 && !r.claimed && r.deadline.Swap(0) == 0 && !fired {
 		<-r.expired // the watchdog disarmed it first: take the token it is giving
 	}
 	var ehErr error

@@ -35,8 +35,10 @@ type request struct {
 	errno  Errno  // set when the request was refused before reaching the Device
 	msg    string // human-readable reason for errno, for structured error chunks
 	buf    *buffer
-	win    int64  // bytes charged to the connection's window
-	out    []byte // the encoded reply, set by serve, written by the reply writer
+	win    int64       // bytes charged to the connection's window
+	out    []byte      // the encoded reply, set by serve, written by the reply writer
+	async  bool        // posted to the AsyncDevice (answered from afn)
+	afn    func(error) // the request's completion for the AsyncDevice, made once
 	// scratch holds the reply of a request without a data payload: a simple reply, a
 	// structured NONE chunk or an error chunk with its message.
 	scratch [errorChunkHdrLen + maxErrorMessage]byte
@@ -52,6 +54,11 @@ type conn struct {
 	br     *bufio.Reader
 	raw    *rawStream      // nc's raw syscalls (nil: not a socket); br reads through it
 	rawIOV []syscall.Iovec // the reply batch's iovecs (rmu, writing)
+	// adev is dev as an AsyncDevice (socket connections only): READs and WRITEs are posted
+	// by the reader and answered from their completion; asyncWG counts those not yet
+	// written back.
+	adev    AsyncDevice
+	asyncWG sync.WaitGroup
 
 	ctx    context.Context // passed to the Device; cancelled by kill and at the end
 	cancel context.CancelFunc
@@ -213,14 +220,22 @@ func (c *conn) transmit() error {
 	cfg := &c.srv.cfg
 	reqs := make([]request, cfg.MaxInFlight)
 	c.free = make(chan *request, cfg.MaxInFlight)
+	if ad, ok := c.dev.(AsyncDevice); ok && c.raw != nil {
+		c.adev = ad
+	}
 	for i := range reqs {
-		c.free <- &reqs[i]
+		r := &reqs[i]
+		if c.adev != nil {
+			r.afn = func(err error) { c.asyncDone(r, err) }
+		}
+		c.free <- r
 	}
 	c.workers.Add(cfg.Workers)
 	for i := 0; i < cfg.Workers; i++ {
 		go c.worker()
 	}
 	c.workers.Wait()
+	c.asyncWG.Wait() // every posted request answered (or its reply given up)
 	err := c.rdErr
 	if err != nil && c.broken.Load() {
 		// The read failed because a failed reply write closed the socket.
@@ -407,27 +422,74 @@ func (c *conn) worker() {
 	defer c.workers.Done()
 	for {
 		c.rdMu.Lock()
-		if c.rdEnd {
-			c.rdMu.Unlock()
-			return
-		}
-		r, err := c.readRequest()
-		if r == nil {
-			c.rdEnd = true
-			if err != errDisc {
-				c.rdErr = err
+		var r *request
+		for {
+			if c.rdEnd {
+				c.rdMu.Unlock()
+				return
 			}
-			c.rdMu.Unlock()
-			return
+			var err error
+			r, err = c.readRequest()
+			if r == nil {
+				c.rdEnd = true
+				if err != errDisc {
+					c.rdErr = err
+				}
+				c.rdMu.Unlock()
+				return
+			}
+			// A READ or WRITE for an AsyncDevice is posted here and answered from its
+			// completion: this worker stays the reader (no other worker is woken to take
+			// over), which at queue depth 1 saves two goroutine handoffs per request.
+			if !c.postAsync(r) {
+				break
+			}
 		}
 		c.rdMu.Unlock()
 		c.serve(r)
 	}
 }
 
+// postAsync posts r to the AsyncDevice if it is a valid READ or WRITE (rdMu held).
+func (c *conn) postAsync(r *request) bool {
+	if c.adev == nil || r.errno != 0 || r.length == 0 || (r.typ != cmdRead && r.typ != cmdWrite) || c.broken.Load() {
+		return false
+	}
+	r.async = true
+	c.asyncWG.Add(1)
+	p := r.buf.payload(int(r.length))
+	if r.typ == cmdRead {
+		c.adev.ReadAtAsync(c.ctx, p, int64(r.off), r.afn)
+	} else {
+		c.adev.WriteAtAsync(c.ctx, p, int64(r.off), r.flags&cmdFlagFUA != 0, r.afn)
+	}
+	return true
+}
+
+// asyncDone answers a posted request (from its completion: must not block).
+func (c *conn) asyncDone(r *request, err error) {
+	write := r.typ == cmdWrite
+	var e Errno
+	if err != nil {
+		err = c.adev.AsyncError(err, write)
+		e = ErrnoOf(err)
+		if c.debug {
+			c.log.Debug("device error", zap.String("cmd", cmdName(r.typ)), zap.Uint64("offset", r.off),
+				zap.Uint32("length", r.length), zap.Error(err), zap.Uint32("nbd_errno", uint32(e)))
+		}
+	}
+	c.counters.count(r.typ, e, int(r.length))
+	c.replyMsg(r, e, err)
+	c.sendMsg(r, false)
+}
+
 // send queues r's reply (r.out) and, unless another worker is writing, writes every queued
 // reply and releases the requests. r must not be touched after send.
-func (c *conn) send(r *request) {
+func (c *conn) send(r *request) { c.sendMsg(r, true) }
+
+// sendMsg is send; without mayBlock the caller is not held up by a full socket: what does not
+// fit is written by a goroutine started for it, which goes on as the writer.
+func (c *conn) sendMsg(r *request, mayBlock bool) {
 	c.rmu.Lock()
 	c.rq = append(c.rq, r)
 	if c.writing {
@@ -435,6 +497,12 @@ func (c *conn) send(r *request) {
 		return
 	}
 	c.writing = true
+	c.writeLoop(mayBlock)
+}
+
+// writeLoop writes the queued replies in batches until none is left (rmu held, writing set;
+// returns with rmu released).
+func (c *conn) writeLoop(mayBlock bool) {
 	for len(c.rq) > 0 {
 		batch := c.rq
 		c.rq, c.rspare = c.rspare[:0], batch
@@ -447,7 +515,14 @@ func (c *conn) send(r *request) {
 			c.iovStore = c.iov[:0]
 			var err error
 			if c.raw != nil {
-				c.rawIOV, err = c.raw.writeBuffers(c.iov, c.rawIOV)
+				var more bool
+				c.rawIOV, more, err = c.raw.writeBuffers(c.iov, c.rawIOV, mayBlock)
+				if more {
+					// The socket is full and the caller must not wait: a goroutine finishes
+					// this batch and carries on as the writer.
+					go c.finishBatch(batch)
+					return
+				}
 			} else {
 				_, err = c.iov.WriteTo(c.nc)
 			}
@@ -455,16 +530,36 @@ func (c *conn) send(r *request) {
 				c.fail(err)
 			}
 		}
-		for i, q := range batch {
-			q.out = nil
-			c.inflight.Add(-1)
-			c.release(q)
-			batch[i] = nil
-		}
+		c.releaseBatch(batch)
 		c.rmu.Lock()
 	}
 	c.writing = false
 	c.rmu.Unlock()
+}
+
+// finishBatch completes a batch writeLoop left unfinished and goes on writing.
+func (c *conn) finishBatch(batch []*request) {
+	if err := c.raw.finishWrite(); err != nil {
+		c.fail(err)
+	}
+	c.releaseBatch(batch)
+	c.rmu.Lock()
+	c.writeLoop(true)
+}
+
+// releaseBatch releases the requests of a written (or given up) batch.
+func (c *conn) releaseBatch(batch []*request) {
+	for i, q := range batch {
+		q.out = nil
+		async := q.async
+		q.async = false
+		c.inflight.Add(-1)
+		c.release(q)
+		batch[i] = nil
+		if async {
+			c.asyncWG.Done()
+		}
+	}
 }
 
 // serve executes one request and replies to it.
@@ -525,6 +620,12 @@ func (c *conn) serve(r *request) {
 // reply sends the reply to r: a simple reply, or with structured replies negotiated a single
 // chunk (proto.md "Simple reply message", "Structured reply chunk message").
 func (c *conn) reply(r *request, e Errno, cause error) {
+	c.replyMsg(r, e, cause)
+	c.send(r)
+}
+
+// replyMsg encodes r's reply into r.out.
+func (c *conn) replyMsg(r *request, e Errno, cause error) {
 	var msg []byte
 	switch {
 	case c.structured && r.typ == cmdRead && e == 0 && r.length > 0:
@@ -560,7 +661,6 @@ func (c *conn) reply(r *request, e Errno, cause error) {
 		putSimpleReply(msg, e, r.handle)
 	}
 	r.out = msg
-	c.send(r)
 }
 
 func putSimpleReply(b []byte, e Errno, handle uint64) {

@@ -56,3 +56,16 @@ type Device interface {
 	// CanDiscard advertises NBD_FLAG_SEND_TRIM.
 	CanDiscard() bool
 }
+
+// AsyncDevice may be implemented by a Device that can start reads and writes without blocking.
+// The connection's reader then posts READ and WRITE requests itself and keeps reading, and the
+// reply is sent from done: no goroutine handoff per request. done is called exactly once, maybe
+// before the method returns, maybe on a goroutine that must not be held up (a transport's
+// receive goroutine): the connection never blocks in it (a reply that does not fit the socket
+// is finished by a goroutine of its own).
+type AsyncDevice interface {
+	ReadAtAsync(ctx context.Context, p []byte, off int64, done func(error))
+	WriteAtAsync(ctx context.Context, p []byte, off int64, fua bool, done func(error))
+	// AsyncError maps an error given to done to what ReadAt or WriteAt would have returned.
+	AsyncError(err error, write bool) error
+}

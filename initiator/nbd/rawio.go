@@ -19,13 +19,15 @@ type rawStream struct {
 	nc net.Conn // for errors
 	rc syscall.RawConn
 	// Read side (one reader at a time) and write side (one writer at a time) are apart.
-	p     []byte // the caller's buffer
-	n     int
-	rdErr error
-	iov   []syscall.Iovec // what is left of the batch
-	wrErr error
-	rdFn  func(fd uintptr) bool
-	wrFn  func(fd uintptr) bool
+	p       []byte // the caller's buffer
+	n       int
+	rdErr   error
+	iov     []syscall.Iovec // what is left of the batch
+	wrErr   error
+	rdFn    func(fd uintptr) bool
+	wrFn    func(fd uintptr) bool
+	wrNowFn func(fd uintptr) bool
+	iovAll  []syscall.Iovec // the whole batch, cleared once written
 }
 
 // newRawStream returns a rawStream for nc, or nil when nc does not expose a RawConn (a pipe in
@@ -42,6 +44,7 @@ func newRawStream(nc net.Conn) *rawStream {
 	s := &rawStream{nc: nc, rc: rc}
 	s.rdFn = s.read
 	s.wrFn = s.writev
+	s.wrNowFn = s.writevNow
 	return s
 }
 
@@ -83,9 +86,10 @@ func (s *rawStream) read(fd uintptr) bool {
 	}
 }
 
-// writeBuffers writes every byte of bufs (one writev per wake-up, continuing after partial
-// writes).
-func (s *rawStream) writeBuffers(bufs [][]byte, iov []syscall.Iovec) ([]syscall.Iovec, error) {
+// writeBuffers writes bufs with writev. With block it returns once every byte is written;
+// without, it stops when the socket is full and reports more: finishWrite then writes the rest
+// (blocking), before the next writeBuffers.
+func (s *rawStream) writeBuffers(bufs [][]byte, iov []syscall.Iovec, block bool) ([]syscall.Iovec, bool, error) {
 	iov = iov[:0]
 	for _, b := range bufs {
 		if len(b) == 0 {
@@ -95,18 +99,32 @@ func (s *rawStream) writeBuffers(bufs [][]byte, iov []syscall.Iovec) ([]syscall.
 		v.SetLen(len(b))
 		iov = append(iov, v)
 	}
-	s.iov, s.wrErr = iov, nil
+	s.iov, s.iovAll, s.wrErr = iov, iov, nil
+	if !block {
+		// One pass without waiting: Write's fn gets true back from writevNow even on EAGAIN.
+		if err := s.rc.Write(s.wrNowFn); err != nil {
+			s.wrErr = err
+		}
+		if s.wrErr == nil && len(s.iov) > 0 {
+			return iov, true, nil
+		}
+	}
+	return iov, false, s.finishWrite()
+}
+
+// finishWrite writes what is left of the batch, waiting for the socket as needed.
+func (s *rawStream) finishWrite() error {
 	for len(s.iov) > 0 && s.wrErr == nil {
 		if err := s.rc.Write(s.wrFn); err != nil {
 			s.wrErr = err
 		}
 	}
-	s.iov = nil
-	clear(iov) // no references to the replies' buffers stay behind
+	clear(s.iovAll) // no references to the replies' buffers stay behind
+	s.iov, s.iovAll = nil, nil
 	if s.wrErr != nil {
-		return iov, s.opError("write", s.wrErr)
+		return s.opError("write", s.wrErr)
 	}
-	return iov, nil
+	return nil
 }
 
 // opError wraps err as the net package does for its own reads and writes.
@@ -117,6 +135,12 @@ func (s *rawStream) opError(op string, err error) error {
 		nw = la.Network()
 	}
 	return &net.OpError{Op: op, Net: nw, Source: la, Addr: s.nc.RemoteAddr(), Err: err}
+}
+
+// writevNow is writev that never waits: on EAGAIN it leaves the rest in s.iov.
+func (s *rawStream) writevNow(fd uintptr) bool {
+	s.writev(fd)
+	return true
 }
 
 // maxIOV bounds one writev (the kernel's UIO_MAXIOV is 1024).

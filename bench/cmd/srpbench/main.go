@@ -483,6 +483,7 @@ func runLat(ctx context.Context, args []string) error {
 	targetS, portID := o.flags(fs)
 	bsS := fs.String("bs", "4k", "I/O size")
 	write := fs.Bool("write", false, "writes instead of reads")
+	async := fs.Bool("async", false, "through ReadAtAsync/WriteAtAsync (waiting for each)")
 	dur := fs.Duration("time", 5*time.Second, "how long to measure")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here")
 	if err := fs.Parse(args); err != nil {
@@ -521,15 +522,24 @@ func runLat(ctx context.Context, args []string) error {
 	}
 	defer stopProf()
 	buf := make([]byte, bs)
+	errc := make(chan error, 1)
+	done := func(err error) { errc <- err }
 	rng := rand.New(rand.NewPCG(1, 2))
 	lats := make([]time.Duration, 0, 1<<16)
 	end := time.Now().Add(*dur)
 	for time.Now().Before(end) && ctx.Err() == nil {
 		off := rng.Int64N(blocks) * bs
 		t0 := time.Now()
-		if *write {
+		switch {
+		case *async && *write:
+			lun.WriteAtAsync(ctx, buf, off, false, done)
+			err = <-errc
+		case *async:
+			lun.ReadAtAsync(ctx, buf, off, done)
+			err = <-errc
+		case *write:
 			err = lun.WriteAt(ctx, buf, off, false)
-		} else {
+		default:
 			err = lun.ReadAt(ctx, buf, off)
 		}
 		if err != nil {

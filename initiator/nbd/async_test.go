@@ -1,0 +1,142 @@
+package nbd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// asyncRAM is a ramDevice that is also an AsyncDevice: requests are completed, in order, by
+// one goroutine (as a transport's receive goroutine completes an initiator's commands), which
+// counts the completions it has delivered.
+type asyncRAM struct {
+	*ramDevice
+	q         chan func()
+	delivered atomic.Int64
+	posted    atomic.Int64
+}
+
+func newAsyncRAM(t testing.TB, d *ramDevice) *asyncRAM {
+	a := &asyncRAM{ramDevice: d, q: make(chan func(), 1024)}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case f := <-a.q:
+				f()
+			case <-stop:
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); wg.Wait() })
+	return a
+}
+
+var errAsyncTest = errors.New("injected async failure")
+
+func (a *asyncRAM) ReadAtAsync(ctx context.Context, p []byte, off int64, done func(error)) {
+	a.posted.Add(1)
+	a.q <- func() {
+		err := a.ReadAt(ctx, p, off)
+		if off == 3*4096 {
+			err = errAsyncTest
+		}
+		done(err)
+		a.delivered.Add(1)
+	}
+}
+
+func (a *asyncRAM) WriteAtAsync(ctx context.Context, p []byte, off int64, fua bool, done func(error)) {
+	a.posted.Add(1)
+	a.q <- func() {
+		done(a.WriteAt(ctx, p, off, fua))
+		a.delivered.Add(1)
+	}
+}
+
+func (a *asyncRAM) AsyncError(err error, write bool) error {
+	if errors.Is(err, errAsyncTest) {
+		return DeviceError(ENOSPC, err)
+	}
+	return err
+}
+
+// TestAsyncDevice: an AsyncDevice's READs and WRITEs are posted by the reader and answered from
+// their completion. With a client that sends 48 reads of 256 KiB (12 MiB, far more than the
+// socket holds) before reading any reply, every completion is still delivered promptly: the
+// completing goroutine never waits for the socket (a goroutine finishes the replies that do not
+// fit). Then every reply arrives, in full and correct; errors map through AsyncError; writes
+// land; and a graceful shutdown waits for posted requests.
+func TestAsyncDevice(t *testing.T) {
+	disk := newRAM(testSize*4, testBS)
+	disk.fill(0, pattern(7, testSize*4))
+	ad := newAsyncRAM(t, disk)
+	ts := startServer(t, Config{MaxRequestSize: 1 << 20, ConnMaxInFlightBytes: 64 << 20}, map[string]Device{"disk": ad})
+	c := dialUnix(t, ts.sock)
+	c.connect("disk", false)
+
+	const n, size = 48, 256 << 10
+	for h := uint64(0); h < n; h++ {
+		c.send(cmdRead, 0, h, (h*size)%(testSize*4), size, nil)
+	}
+	waitFor(t, "every read completed by the device without the client reading", func() bool {
+		return ad.delivered.Load() == n
+	})
+	for i := 0; i < n; i++ {
+		r := c.mustReply()
+		off := (r.handle * size) % (testSize * 4)
+		if r.errno != 0 || !bytes.Equal(r.data, disk.snapshot(int64(off), size)) {
+			t.Fatalf("reply %d: errno %v, %d bytes, data matches %v", r.handle, r.errno, len(r.data),
+				bytes.Equal(r.data, disk.snapshot(int64(off), size)))
+		}
+	}
+	// An error from the completion is mapped with AsyncError.
+	if r := c.do(cmdRead, 0, 3*4096, 4096, nil); r.errno != ENOSPC {
+		t.Fatalf("failed async read: errno %v", r.errno)
+	}
+	// Writes go through WriteAtAsync.
+	w := pattern(9, 64<<10)
+	if r := c.do(cmdWrite, cmdFlagFUA, 128<<10, uint32(len(w)), w); r.errno != 0 {
+		t.Fatalf("write: %v", r.errno)
+	}
+	if !bytes.Equal(disk.snapshot(128<<10, int64(len(w))), w) {
+		t.Fatal("async write did not land")
+	}
+	if p := ad.posted.Load(); p != n+2 {
+		t.Fatalf("%d requests posted asynchronously, want %d", p, n+2)
+	}
+	// Requests in flight when the server stops are answered first.
+	gate := make(chan struct{})
+	disk.setHook(func(ctx context.Context, op string, off, n int64) error {
+		if op == "read" {
+			<-gate
+		}
+		return nil
+	})
+	c.send(cmdRead, 0, 1000, 0, 4096, nil)
+	waitFor(t, "read in the device", func() bool { return disk.active.Load() == 1 })
+	stopped := make(chan struct{})
+	go func() { ts.stop(t); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("the server stopped with a posted request unanswered")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(gate)
+	if r := c.mustReply(); r.handle != 1000 || r.errno != 0 {
+		t.Fatalf("in-flight reply %+v", r)
+	}
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server did not stop")
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -39,6 +40,23 @@ type cq struct {
 	stopCh chan struct{} // closed by destroy
 
 	wcs *C.struct_shim_wc // poller scratch (C memory, SHIM_POLL_MAX entries)
+
+	// handler is the consumer's completion handler (transport.CompletionHandler), run by the
+	// poller after a batch it drained into this CQ instead of the notification; owed marks
+	// such a batch (poller goroutine only).
+	handler atomic.Pointer[func() bool]
+	owed    bool
+}
+
+// SetCompletionHandler implements transport.CompletionHandler: the poller goroutine runs fn
+// after each batch of device completions it queued on this CQ. Completions the engine makes
+// itself (flushes) still give the Notify token.
+func (c *cq) SetCompletionHandler(fn func() bool) {
+	if fn == nil {
+		c.handler.Store(nil)
+		return
+	}
+	c.handler.Store(&fn)
 }
 
 // CreateCQ implements transport.Device.
@@ -127,9 +145,37 @@ func (c *cq) room() int {
 // push queues WCs (the poller has checked the room; engine-made flushes may find the ring full
 // and are then dropped, as a device CQ would overrun).
 func (c *cq) push(wcs ...transport.WC) {
-	if len(wcs) == 0 {
+	if c.add(wcs...) {
+		c.signal()
+	}
+}
+
+// pushFrom is push by the poller of CQ poller: a completion for the poller's own CQ waits for
+// the end of its batch (the handler, or one notification).
+func (c *cq) pushFrom(poller *cq, wc transport.WC) {
+	if c != poller || c.handler.Load() == nil {
+		c.push(wc)
 		return
 	}
+	if c.add(wc) {
+		c.owed = true
+	}
+}
+
+// signal gives the notification token.
+func (c *cq) signal() {
+	select {
+	case c.notify <- struct{}{}:
+	default:
+	}
+}
+
+// add queues WCs and reports whether any was.
+func (c *cq) add(wcs ...transport.WC) bool {
+	if len(wcs) == 0 {
+		return false
+	}
+	added := false
 	c.mu.Lock()
 	for i := range wcs {
 		if c.n == len(c.ring) || c.closed {
@@ -142,12 +188,10 @@ func (c *cq) push(wcs ...transport.WC) {
 		}
 		c.ring[j] = wcs[i]
 		c.n++
+		added = true
 	}
 	c.mu.Unlock()
-	select {
-	case c.notify <- struct{}{}:
-	default:
-	}
+	return added
 }
 
 // pollLoop drains the device CQ into the ring: poll in batches while there are completions;
@@ -158,7 +202,13 @@ func (c *cq) pollLoop() {
 	batch := unsafe.Slice(c.wcs, C.SHIM_POLL_MAX)
 	drain := func(n C.int) {
 		for i := 0; i < int(n); i++ {
-			c.dev.translate(&batch[i])
+			c.dev.translate(&batch[i], c)
+		}
+		if c.owed {
+			c.owed = false
+			if h := c.handler.Load(); h == nil || !(*h)() {
+				c.signal()
+			}
 		}
 	}
 	for {

@@ -417,7 +417,7 @@ var wcFlagWithImm = uint32(C.IBV_WC_WITH_IMM)
 // q.mu, so that the engine's own flushes queued after it keep WR order), updating the QP's
 // shadow rings and the windows' state. Completions that are not the caller's (a retired or
 // discarded WR, a destroyed QP, a successful unsignaled WR) are dropped.
-func (d *Device) translate(w *C.struct_shim_wc) {
+func (d *Device) translate(w *C.struct_shim_wc, poller *cq) {
 	qpn := uint32(w.qp_num)
 	d.qpMu.RLock()
 	q := d.qps[qpn]
@@ -461,7 +461,7 @@ func (d *Device) translate(w *C.struct_shim_wc) {
 				}
 			}
 		}
-		q.rcq.push(wc)
+		q.rcq.pushFrom(poller, wc)
 		q.softFlushLocked()
 		return
 	}
@@ -483,11 +483,11 @@ func (d *Device) translate(w *C.struct_shim_wc) {
 	if st != transport.WCSuccess {
 		q.state = transport.QPSErr
 		q.retire(e, false)
-		q.scq.push(wc)
+		q.scq.pushFrom(poller, wc)
 	} else {
 		q.retire(e, true)
 		if e.signaled || q.sigAll {
-			q.scq.push(wc)
+			q.scq.pushFrom(poller, wc)
 		}
 	}
 	q.softFlushLocked()

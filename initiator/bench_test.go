@@ -109,20 +109,32 @@ func TestSteadyStateAllocs(t *testing.T) {
 	s := e.dial(cfg)
 	l := s.LUNs()[0]
 	ctx := context.Background()
+	errc := make(chan error, 1)
+	done := func(err error) { errc <- err }
 	for _, c := range []struct {
 		name  string
 		size  int
 		write bool
-	}{{"read-4k", 4 << 10, false}, {"write-4k-imm", 4 << 10, true}, {"write-64k", 64 << 10, true}, {"read-256k", 256 << 10, false}, {"read-1m-split", 1 << 20, false}} {
+		async bool
+	}{{"read-4k", 4 << 10, false, false}, {"write-4k-imm", 4 << 10, true, false}, {"write-64k", 64 << 10, true, false},
+		{"read-256k", 256 << 10, false, false}, {"read-1m-split", 1 << 20, false, false},
+		{"async-read-4k", 4 << 10, false, true}, {"async-write-64k", 64 << 10, true, true}} {
 		p := make([]byte, c.size)
 		i := 0
 		f := func() {
 			off := int64(i%16) * int64(c.size)
 			i++
 			var err error
-			if c.write {
+			switch {
+			case c.async && c.write:
+				l.WriteAtAsync(ctx, p, off, false, done)
+				err = <-errc
+			case c.async:
+				l.ReadAtAsync(ctx, p, off, done)
+				err = <-errc
+			case c.write:
 				err = l.WriteAt(ctx, p, off, false)
-			} else {
+			default:
 				err = l.ReadAt(ctx, p, off)
 			}
 			if err != nil {

@@ -176,9 +176,7 @@ func (l *LUN) ReadAtAsync(ctx context.Context, p []byte, off int64, done func(er
 	var j job
 	l.rwJob(&j, "READ(16)", off, len(p))
 	j.buf = p
-	if !l.s.submitAsync(ctx, &j, done) {
-		go func() { done(l.s.run(ctx, &j)) }()
-	}
+	l.startAsync(ctx, &j, done)
 }
 
 // WriteAtAsync is WriteAt without blocking, as ReadAtAsync is ReadAt.
@@ -194,9 +192,17 @@ func (l *LUN) WriteAtAsync(ctx context.Context, p []byte, off int64, fua bool, d
 	var j job
 	l.rwJob(&j, "WRITE(16)", off, len(p))
 	j.buf, j.write, j.fua = p, true, fua
-	if !l.s.submitAsync(ctx, &j, done) {
-		go func() { done(l.s.run(ctx, &j)) }()
+	l.startAsync(ctx, &j, done)
+}
+
+// startAsync posts j at once or leaves it to a goroutine running the synchronous path (only
+// that path allocates: j itself stays on the caller's stack).
+func (l *LUN) startAsync(ctx context.Context, j *job, done func(error)) {
+	if l.s.submitAsync(ctx, j, done) {
+		return
 	}
+	jj := *j
+	go func() { done(l.s.run(ctx, &jj)) }()
 }
 
 // WriteAt writes p at byte offset off with WRITE(16); with fua the Force Unit Access bit is set

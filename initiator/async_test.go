@@ -61,14 +61,12 @@ func TestAsyncIO(t *testing.T) {
 			mu.Unlock()
 		}
 		perm := rng.Perm(regions)[:16]
-		bufs := make([][]byte, len(perm))
-		for i, k := range perm {
+		for _, k := range perm {
 			n := bs * (1 + rng.IntN(int(region)/bs))
 			b := make([]byte, n)
 			for j := range b {
 				b[j] = byte(rng.Uint32())
 			}
-			bufs[i] = b
 			want[k] = b
 			wg.Add(1)
 			l.WriteAtAsync(ctx, b, int64(k)*region, round%2 == 1, func(err error) {
@@ -102,7 +100,6 @@ func TestAsyncIO(t *testing.T) {
 				t.Fatalf("round %d: region %d (%d bytes) differs", round, k, len(want[k]))
 			}
 		}
-		_ = bufs
 	}
 	// Bad requests complete at once with the block API's errors.
 	if err := asyncWait(t, time.Second, func(done func(error)) { l.ReadAtAsync(ctx, make([]byte, 100), 0, done) }); !errors.Is(err, ErrRange) {

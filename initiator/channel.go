@@ -911,9 +911,6 @@ func (c *channel) serve() error {
 		if n > 0 || first < 0 {
 			continue
 		}
-		if logout != nil {
-			c.serving = false // draining after SRP_T_LOGOUT: no more onCQ
-		}
 		c.pollMu.Unlock()
 		var (
 			ev  transport.CMEvent

@@ -669,7 +669,7 @@ func (s *Session) asyncAnswered(r *request) {
 	c.mu.Lock()
 	out, status, flags, diResid, doResid, imm := r.out, r.status, r.rspFlags, r.diResid, r.doResid, r.imm
 	c.mu.Unlock()
-	if out != outRsp || status != 0 || (flags&srp.DIUnder != 0 && diResid > 0) || (flags&srp.DOUnder != 0 && doResid > 0) {
+	if out != outRsp || status != 0 || shortTransfer(flags, diResid, doResid) {
 		s.asyncSlow(r)
 		return
 	}
@@ -1045,13 +1045,19 @@ func (s *Session) await(ctx context.Context, j *job, ck *chunk) (again bool, err
 	}
 	if status == 0 {
 		if j.rw {
-			if (flags&srp.DIUnder != 0 && diResid > 0) || (flags&srp.DOUnder != 0 && doResid > 0) {
+			if shortTransfer(flags, diResid, doResid) {
 				return false, fmt.Errorf("initiator: %s to LUN %d at LBA %d: %w", j.op, j.lun, lba, ErrShortTransfer)
 			}
 		}
 		return false, nil
 	}
 	return s.classify(j, ck, status, sense, lba)
+}
+
+// shortTransfer reports whether a GOOD response to a READ(16)/WRITE(16) moved less than asked
+// (an underflow residual).
+func shortTransfer(flags srp.RspFlags, diResid, doResid uint32) bool {
+	return (flags&srp.DIUnder != 0 && diResid > 0) || (flags&srp.DOUnder != 0 && doResid > 0)
 }
 
 // classify decides what a status other than GOOD means for the chunk: retry (UNIT ATTENTION,

@@ -480,13 +480,18 @@ func (c *channel) startCmd(ctx context.Context, r *request, spec *cmdSpec, wait 
 		if c.reqLim > 1 {
 			break
 		}
-		if c.reqLim == 1 && c.inflight == 0 && !c.probing &&
-			(c.probeGained || time.Since(c.lastProbe) > time.Second) {
+		var embargo time.Duration
+		if c.reqLim == 1 && c.inflight == 0 && !c.probing {
 			// Starved: nothing in flight will bring credits back (a target that returns
 			// those of aborted commands only with later responses, §8.5). Spend the reserved
-			// credit on a harmless task management function to collect them.
-			c.probing = true
-			go c.creditProbe()
+			// credit on a harmless task management function to collect them; at most once a
+			// second while probes gain nothing.
+			if since := time.Since(c.lastProbe); c.probeGained || since > time.Second {
+				c.probing = true
+				go c.creditProbe()
+			} else {
+				embargo = time.Second - since
+			}
 		}
 		if !wait {
 			c.mu.Unlock()
@@ -497,10 +502,25 @@ func (c *channel) startCmd(ctx context.Context, r *request, spec *cmdSpec, wait 
 		c.mu.Unlock()
 		c.postMu.RUnlock()
 		c.s.stats.creditWaits.Add(1)
+		var recheck *time.Timer
+		var rc <-chan time.Time
+		if embargo > 0 {
+			// Nothing may ever close w (a probe whose credits others took at once): look
+			// again when the next probe is allowed.
+			recheck = time.NewTimer(embargo + time.Millisecond)
+			rc = recheck.C
+		}
 		select {
 		case <-w:
+		case <-rc:
 		case <-ctx.Done():
-			return false, ctx.Err()
+			err = ctx.Err()
+		}
+		if recheck != nil {
+			recheck.Stop()
+		}
+		if err != nil {
+			return false, err
 		}
 	}
 	// c.mu and postMu (read) held.
@@ -525,6 +545,14 @@ func (c *channel) startCmd(ctx context.Context, r *request, spec *cmdSpec, wait 
 	}
 
 	r.started = time.Now() // before the post: an asynchronous command is another goroutine's then
+	// With a device that can run its own deliveries on the caller (softroce: a target in this
+	// process, on the same device), the post is bracketed so that the command, the target's
+	// answer and its completion are processed right here (transport.Progresser). Hold only
+	// from here on: nothing below blocks, so nothing can wait for this Progress.
+	if p := c.s.prog; p != nil {
+		p.Hold()
+		defer p.Progress() // after postMu is released
+	}
 	sent, err := c.post(r)
 	c.postMu.RUnlock()
 	if sent {
@@ -542,11 +570,22 @@ func (c *channel) startCmd(ctx context.Context, r *request, spec *cmdSpec, wait 
 // queueInvLocked asks the channel goroutine to give r's MR handles back (invalidating the
 // registrations still valid).
 func (c *channel) queueInvLocked(r *request) {
+	if c.queueInvNoWakeLocked(r) {
+		c.wake()
+	}
+}
+
+// queueInvNoWakeLocked queues r's handles for the afterBatch that ends the completion batch
+// being handled (by serve or onCQ), without waking the channel goroutine: a wake-up per
+// response, found with nothing to do, was a goroutine handoff per I/O. It reports whether r
+// was queued.
+func (c *channel) queueInvNoWakeLocked(r *request) bool {
 	if r.ungiven > 0 && !r.invQueued {
 		r.invQueued = true
 		c.invQ = append(c.invQ, r)
-		c.wake()
+		return true
 	}
+	return false
 }
 
 // post maps r's data (immediate data, or MRs from the pool) and posts the REG_MRs and the SEND
@@ -739,6 +778,9 @@ func (c *channel) creditProbe() {
 	c.probing = false
 	c.lastProbe = time.Now()
 	c.probeGained = c.reqLim > 1 // otherwise at most one probe a second
+	// Callers that found the channel starved while this probe ran wait for credits: let them
+	// look again (the probe may have gained nothing, or others took what it gained).
+	c.wakeCreditLocked()
 	c.mu.Unlock()
 }
 
@@ -1127,7 +1169,7 @@ func (c *channel) handleRsp(rsp srp.Rsp) {
 	r.diResid = rsp.DataInResid()
 	r.doResid = rsp.DataOutResid()
 	r.senseLen = copy(r.sense[:], rsp.Sense())
-	c.queueInvLocked(r)
+	c.queueInvNoWakeLocked(r) // handled in a completion batch: its afterBatch gives them back
 	c.finishLocked(r)
 	c.mu.Unlock()
 }

@@ -184,6 +184,11 @@ func (c *channel) finishLocked(r *request) {
 	if !r.signaled && (released || r.out == outRsp) {
 		r.signaled = true
 		c.inflight--
+		if c.inflight == 0 && c.reqLim <= 1 {
+			// Nothing in flight will return credits now: a caller waiting for one must look
+			// again and probe (startCmd).
+			c.wakeCreditLocked()
+		}
 		select {
 		case r.done <- struct{}{}:
 		default:

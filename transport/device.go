@@ -215,6 +215,19 @@ type CompletionHandler interface {
 	SetCompletionHandler(fn func() bool)
 }
 
+// Progresser is implemented by devices that can do on a consumer's goroutine work they would
+// otherwise hand to a goroutine of their own (softroce: the packets a QP sends to another QP
+// of the same device, an initiator and a target in one process). A consumer that posts from a
+// goroutine holding nothing its completion handlers take may bracket the post with Hold and
+// Progress: in between, the device defers such work; Progress does it, which runs completion
+// handlers (CompletionHandler) on the caller's goroutine, possibly the handler that completes
+// what the caller just posted. Every Hold must be followed by one Progress, soon: work other
+// goroutines post meanwhile may wait for it. Pairs may overlap across goroutines.
+type Progresser interface {
+	Hold()
+	Progress()
+}
+
 // QP is a reliable-connected queue pair.
 type QP interface {
 	// QPN is the local QP number (24 bits, ≥ 2).

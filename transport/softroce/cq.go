@@ -22,14 +22,17 @@ type cq struct {
 	users  int // QPs (dev.mu)
 	// deferred: a notification is owed at the end of the receive batch (dev.mu).
 	deferred bool
+	// owedH: the CQ is on dev.hOwed, its handler owed a run before rxHandle ends (dev.mu).
+	owedH bool
 	// handler is the consumer's completion handler (transport.CompletionHandler), run by the
 	// receive loop instead of the notification token (atomic: set from any goroutine).
 	handler atomic.Pointer[func() bool]
 }
 
-// SetCompletionHandler implements transport.CompletionHandler. Only completions added by the
-// receive loop (the ones that end an idle consumer's wait at low queue depth) run it; those
-// of the transmit loop, timers and posts give the token.
+// SetCompletionHandler implements transport.CompletionHandler. Completions added by a receive
+// path (the ones that end an idle consumer's wait at low queue depth), and those that posts
+// add while it runs handlers (a LOCAL_INV a handler posts completes at once), run it; those of
+// the transmit loop, timers and other posts give the token.
 func (c *cq) SetCompletionHandler(fn func() bool) {
 	if fn == nil {
 		c.handler.Store(nil)
@@ -77,6 +80,15 @@ func (c *cq) push(wc *transport.WC) bool {
 		if !c.deferred {
 			c.deferred = true
 			d.notifyCQs = append(d.notifyCQs, c)
+		}
+		return true
+	}
+	if d := c.dev; d.rxSending && c.handler.Load() != nil {
+		// A receive path is running handlers (maybe this post's caller): the handler runs
+		// once more before it finishes (rxHandle) rather than waking the consumer now.
+		if !c.owedH {
+			c.owedH = true
+			d.hOwed = append(d.hOwed, c)
 		}
 		return true
 	}

@@ -7,9 +7,10 @@
 // responses to WRs and drives go-back-N retries, and the responder (resp.go, after rxe_resp.c)
 // checks and executes inbound requests and generates ACKs, NAKs and read responses.
 //
-// Concurrency: a device runs exactly two goroutines: a receive loop (link.Recv, then responder
-// and completer for each packet) and a transmit loop (requester, read-response streaming, the
-// retransmit and RNR timers). All protocol state is guarded by one device mutex; link I/O
+// Concurrency: a device runs three goroutines: a receive loop (link.Recv, then responder and
+// completer for each packet), a transmit loop (requester, read-response streaming, the
+// retransmit and RNR timers) and a loopback loop that receives the packets the device sends to
+// itself without the link, as rxe does (loop.go). All protocol state is guarded by one device mutex; link I/O
 // happens outside it. Packet buffers, queue rings and the CQ are preallocated, so the steady
 // state does not allocate per packet or per work request.
 //
@@ -75,6 +76,11 @@ type Config struct {
 	// of headers), so that a 1500-byte Ethernet link gets 1024 and loopback 4096; an address
 	// on no interface (an in-memory link) gets 1024.
 	MTU transport.MTU
+	// NoLoopback sends packets addressed to the device itself (a QP connected to another QP of
+	// the same device, an initiator and a target in one process) through the link like any
+	// other, instead of handing them to the device's own receive path (loop.go). Set it to see
+	// such traffic in a capture of the link.
+	NoLoopback bool
 	// Limits; zero values select the defaults shown.
 	MaxQP      int // 1024
 	MaxMR      int // 65536
@@ -99,6 +105,11 @@ type Device struct {
 	cm    *cmState // connection management over QP1 (qp1.go, cmapi.go)
 
 	mu sync.Mutex
+	// rxMu makes the receive paths (the link's receive loop, the loopback loop) take turns
+	// processing batches; taken before mu.
+	rxMu sync.Mutex
+	// loop short-circuits packets addressed to the device itself (loop.go).
+	loop loopback
 	// sendMu orders link sends as packets were built: a goroutine takes it before releasing mu
 	// and holds it until its Send returns, so a later-built packet never overtakes.
 	sendMu  sync.Mutex
@@ -114,10 +125,10 @@ type Device struct {
 	// transmit scheduling
 	ready   []*qp // QPs with requester or read-response work
 	touched []*qp // QPs with control packets or transmit work pending at the end of an rx batch
-	// rxBatch is set while the receive loop processes a batch: schedule then only notes the QP
+	// inBatch is set while a receive path processes a batch: schedule then only notes the QP
 	// (touched, wantTx), and the receive loop sends what it can itself at the end of the batch
 	// instead of waking the transmit loop.
-	rxBatch bool
+	inBatch bool
 	// rxHolds is set while the receive loop holds mu: CQ notifications wait in notifyCQs
 	// until it releases mu (rxNotify), so that a woken consumer does not block on mu at once.
 	rxHolds   bool
@@ -129,6 +140,9 @@ type Device struct {
 	txDeferred bool
 	rxPend     []link.Packet
 	rxSpare    [][]byte
+	// hOwed are CQs with a handler that got completions from posts while rxSending: rxHandle
+	// runs their handlers again before it ends.
+	hOwed, hRun []*cq
 	// txHolds is set while the transmit loop holds sendMu (PostSend then leaves its packets
 	// to the transmit loop rather than wait for a long batch).
 	txHolds atomic.Bool
@@ -150,7 +164,7 @@ const (
 	bufSize = link.MaxPacket
 )
 
-// Open creates a device over cfg.Link and starts its two goroutines.
+// Open creates a device over cfg.Link and starts its goroutines.
 func Open(cfg Config) (*Device, error) {
 	if cfg.Link == nil {
 		return nil, fmt.Errorf("softroce: no link: %w", transport.ErrInvalidArgument)
@@ -227,9 +241,11 @@ func Open(cfg Config) (*Device, error) {
 	}
 	d.log.Debug("device open", zap.Stringers("addrs", d.addrs))
 	d.cm = newCMState(d)
-	d.wg.Add(2)
+	d.loop.init(cfg.NoLoopback)
+	d.wg.Add(3)
 	go d.rxLoop()
 	go d.txLoop()
+	go d.loopLoop()
 	return d, nil
 }
 
@@ -403,7 +419,7 @@ func (d *Device) schedule(q *qp) {
 	if q.inReady {
 		return // the transmit loop has it and has been woken (it empties ready before sleeping)
 	}
-	if d.rxBatch {
+	if d.inBatch {
 		q.wantTx = true
 		d.touch(q)
 		return
@@ -430,6 +446,9 @@ func (d *Device) armTimer(t time.Time) {
 
 // send hands packets to the link, counting them.
 func (d *Device) send(pkts []link.Packet) {
+	if d.loop.on {
+		pkts = d.loopSend(pkts)
+	}
 	for len(pkts) > 0 {
 		n, err := d.lnk.Send(pkts)
 		var bytes uint64
@@ -453,31 +472,47 @@ func (d *Device) send(pkts []link.Packet) {
 	}
 }
 
+// rxBufs are the preallocated buffers of one receive path: the link's receive loop and the
+// loopback loop (loop.go) each have their own.
+type rxBufs struct {
+	rx      []link.Packet // received packets (full-size buffers)
+	ctl     []link.Packet // what a batch sends at its end
+	ctlBufs [][]byte      // ACK/NAK buffers
+	big     [][]byte      // full-size buffers for READ responses and requester packets
+}
+
+func newRxBufs(bs, nbig int) *rxBufs {
+	b := &rxBufs{
+		rx:      make([]link.Packet, bs),
+		ctl:     make([]link.Packet, 0, 2*bs+nbig),
+		ctlBufs: make([][]byte, 2*bs),
+		big:     make([][]byte, nbig),
+	}
+	for i := range b.rx {
+		b.rx[i].Buf = make([]byte, bufSize)
+	}
+	for i := range b.ctlBufs {
+		b.ctlBufs[i] = make([]byte, 64)
+	}
+	backing := make([]byte, nbig*bufSize)
+	for i := range b.big {
+		b.big[i] = backing[i*bufSize : (i+1)*bufSize : (i+1)*bufSize]
+	}
+	return b
+}
+
 func (d *Device) rxLoop() {
 	defer d.wg.Done()
 	bs := d.lnk.BatchSize()
 	if bs <= 0 {
 		bs = 32
 	}
-	rx := make([]link.Packet, bs)
-	for i := range rx {
-		rx[i].Buf = make([]byte, bufSize)
-	}
-	ctl := make([]link.Packet, 0, 2*bs+rxInline)
-	ctlBufs := make([][]byte, 2*bs)
-	for i := range ctlBufs {
-		ctlBufs[i] = make([]byte, 64)
-	}
-	big := make([][]byte, rxInline)
-	backing := make([]byte, rxInline*bufSize)
-	for i := range big {
-		big[i] = backing[i*bufSize : (i+1)*bufSize : (i+1)*bufSize]
-	}
+	b := newRxBufs(bs, rxInline)
 	for {
-		for i := range rx {
-			rx[i].Buf = rx[i].Buf[:cap(rx[i].Buf)]
+		for i := range b.rx {
+			b.rx[i].Buf = b.rx[i].Buf[:cap(b.rx[i].Buf)]
 		}
-		n, err := d.lnk.Recv(rx)
+		n, err := d.lnk.Recv(b.rx)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -493,46 +528,60 @@ func (d *Device) rxLoop() {
 		}
 		var bytes uint64
 		for i := 0; i < n; i++ {
-			bytes += uint64(len(rx[i].Buf))
+			bytes += uint64(len(b.rx[i].Buf))
 		}
 		d.stats.rxPackets.Add(uint64(n))
 		d.stats.rxBytes.Add(bytes)
-		d.mu.Lock()
-		if d.closed {
-			d.mu.Unlock()
+		if !d.rxBatch(b, n) {
 			return
 		}
-		now := time.Now()
-		d.rxHolds, d.rxBatch = true, true
-		for i := 0; i < n; i++ {
-			d.input(&rx[i], now)
+	}
+}
+
+// rxBatch processes the n packets in b.rx: responder and completer for each under the device
+// mutex, then the packets the batch owes (rxFlush) and the CQ notifications and completion
+// handlers (rxHandle). Receive paths take turns (rxMu): the batch state below belongs to one
+// batch at a time. It returns false once the device is closed.
+func (d *Device) rxBatch(b *rxBufs, n int) bool {
+	d.rxMu.Lock()
+	defer d.rxMu.Unlock()
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return false
+	}
+	now := time.Now()
+	d.rxHolds, d.inBatch = true, true
+	for i := 0; i < n; i++ {
+		d.input(&b.rx[i], now)
+	}
+	d.inBatch = false
+	ctl, nbig := d.rxFlush(b.ctl[:0], b.ctlBufs, b.big, now)
+	ctl = d.cmTx(ctl)
+	d.rxHolds = false
+	if d.handlersOwed() {
+		ctl = d.rxHandle(ctl, b.big[nbig:])
+		if len(ctl) > 0 {
+			d.send(ctl)
+			d.sendMu.Unlock()
+			clear(ctl)
+			b.ctl = ctl[:0]
 		}
-		d.rxBatch = false
-		var nbig int
-		ctl, nbig = d.rxFlush(ctl[:0], ctlBufs, big, now)
-		ctl = d.cmTx(ctl)
-		d.rxHolds = false
-		if d.handlersOwed() {
-			ctl = d.rxHandle(ctl, big[nbig:])
-			if len(ctl) > 0 {
-				d.send(ctl)
-				d.sendMu.Unlock()
-				clear(ctl)
-			}
-			continue
-		}
-		if len(ctl) == 0 {
-			d.mu.Unlock()
-			d.rxNotify()
-			continue
-		}
-		d.sendMu.Lock()
+		return true
+	}
+	if len(ctl) == 0 {
 		d.mu.Unlock()
 		d.rxNotify()
-		d.send(ctl)
-		d.sendMu.Unlock()
-		clear(ctl) // drop references to buffers' views
+		return true
 	}
+	d.sendMu.Lock()
+	d.mu.Unlock()
+	d.rxNotify()
+	d.send(ctl)
+	d.sendMu.Unlock()
+	clear(ctl) // drop references to buffers' views
+	b.ctl = ctl[:0]
+	return true
 }
 
 // handlersOwed reports whether a CQ notified by the last receive batch has a completion
@@ -566,6 +615,22 @@ func (d *Device) rxHandle(ctl []link.Packet, spare [][]byte) []link.Packet {
 	}
 	d.notifyCQs = d.notifyCQs[:0]
 	d.mu.Lock()
+	for round := 0; len(d.hOwed) > 0; round++ {
+		d.hRun, d.hOwed = d.hOwed, d.hRun[:0]
+		for _, c := range d.hRun {
+			c.owedH = false
+		}
+		d.mu.Unlock()
+		for i, c := range d.hRun {
+			d.hRun[i] = nil
+			// A bounded number of rounds: a handler whose every run posts something that
+			// completes at once is left to its consumer's goroutine.
+			if h := c.handler.Load(); round >= handlerRounds || h == nil || !(*h)() {
+				c.wake()
+			}
+		}
+		d.mu.Lock()
+	}
 	ctl = d.rxPend
 	d.rxSending, d.rxPend, d.rxSpare = false, nil, nil
 	if d.txDeferred {
@@ -591,6 +656,9 @@ func (d *Device) rxNotify() {
 }
 
 const (
+	// handlerRounds bounds the extra rounds of completion handlers rxHandle runs for
+	// completions that their posts added (hOwed).
+	handlerRounds = 4
 	// rxInline is the number of full-size packets the receive loop builds itself at the end of
 	// a batch (READ responses, requester packets released by ACKs); more is left to the
 	// transmit loop.

@@ -23,6 +23,9 @@ type Stats struct {
 	LinkDrops                uint64 // link malformed + queue drops
 	Dropped                  uint64 // packets dropped by the engine (no QP, wrong state, bad header, ...)
 	CQOverruns               uint64
+	// LoopPackets/LoopBytes count packets the device sent to itself without the link
+	// (loopback, loop.go; not in Tx/Rx); LoopDrops those dropped because its queue was full.
+	LoopPackets, LoopBytes, LoopDrops uint64
 }
 
 type counters struct {
@@ -33,6 +36,7 @@ type counters struct {
 	rnrNaksSent, rnrNaksRcvd, acksSent, acksRcvd atomic.Uint64
 	oos, dups, readReplays, cnps, dropped        atomic.Uint64
 	cqOverruns                                   atomic.Uint64
+	loopPackets, loopBytes, loopDrops            atomic.Uint64
 }
 
 func nakIndex(code uint8) int {
@@ -52,6 +56,7 @@ func (c *counters) snapshot() Stats {
 		AcksSent: c.acksSent.Load(), AcksRcvd: c.acksRcvd.Load(),
 		OutOfSequence: c.oos.Load(), Duplicates: c.dups.Load(), ReadReplays: c.readReplays.Load(),
 		CNPs: c.cnps.Load(), Dropped: c.dropped.Load(), CQOverruns: c.cqOverruns.Load(),
+		LoopPackets: c.loopPackets.Load(), LoopBytes: c.loopBytes.Load(), LoopDrops: c.loopDrops.Load(),
 	}
 	for i := range c.naksSent {
 		s.NAKsSent[i] = c.naksSent[i].Load()

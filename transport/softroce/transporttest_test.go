@@ -93,3 +93,56 @@ func TestTransportConformancePipeLossy(t *testing.T) {
 func TestTransportConformanceUDP(t *testing.T) {
 	transporttest.RunConfig(t, udpFactory, transporttest.Config{LocalACKTimeout: 10})
 }
+
+// loopFactory puts both endpoints on one device over UDP on 127.0.0.1: every packet goes to
+// the device itself, so (loopback on) none may reach the link, or (noLoopback) all do.
+func loopFactory(noLoopback bool) transporttest.Factory {
+	return func(t *testing.T) transporttest.Pair {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		l, err := link.ListenUDP(ctx, netip.MustParseAddrPort("127.0.0.1:0"), link.UDPOptions{})
+		if err != nil {
+			t.Skipf("SKIPPED: no UDP link on 127.0.0.1: %v", err)
+		}
+		d, err := softroce.Open(softroce.Config{Link: l, Name: "loop", NoLoopback: noLoopback})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := d.Close(ctx); err != nil && !errors.Is(err, transport.ErrClosed) {
+				t.Errorf("close: %v", err)
+			}
+		})
+		if err := d.ConfigureCM(quickCM); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { // runs before the Close above
+			s := d.Stats()
+			if noLoopback {
+				if s.LoopPackets != 0 {
+					t.Errorf("loopback off: %d packets looped back, want 0", s.LoopPackets)
+				}
+			} else if s.TxPackets != 0 || s.RxPackets != 0 || s.LoopDrops != 0 {
+				t.Errorf("loopback: %d packets sent and %d received on the link, %d dropped; want none (looped back: %d)",
+					s.TxPackets, s.RxPackets, s.LoopDrops, s.LoopPackets)
+			}
+		})
+		ap := l.LocalAddrPort()
+		d.SetPeerUDPPort(ap.Addr(), ap.Port()) // the CM's MADs to itself: its own ephemeral port
+		ep := transporttest.Endpoint{Dev: d, Addr: ap.Addr(), Port: ap.Port()}
+		return transporttest.Pair{A: ep, B: ep}
+	}
+}
+
+// TestTransportConformanceLoopback runs the suite with both endpoints on one device: the
+// packets take the loopback path (loop.go), as between QPs of one kernel rxe device.
+func TestTransportConformanceLoopback(t *testing.T) {
+	transporttest.RunConfig(t, loopFactory(false), transporttest.Config{MTUs: allMTUsConf, LocalACKTimeout: 10})
+}
+
+// TestTransportConformanceLoopbackOff is the same through the link (Config.NoLoopback).
+func TestTransportConformanceLoopbackOff(t *testing.T) {
+	transporttest.RunConfig(t, loopFactory(true), transporttest.Config{LocalACKTimeout: 10})
+}

@@ -34,6 +34,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -188,15 +189,85 @@ func loopback(a netip.Addr) error {
 
 // ---- target ----
 
+// targetOpts are the flags of the SRP target (mode target, and nbd -local).
+type targetOpts struct {
+	size    int64
+	bs      int
+	qd      int
+	maxXfer int
+	portID  srp.PortID
+	sizeS   *string
+	portS   *string
+}
+
+func (o *targetOpts) flags(fs *flag.FlagSet, qdName string) {
+	o.sizeS = fs.String("lun-size", "1G", "size of the RAM LUN 0")
+	fs.IntVar(&o.bs, "block-size", 512, "logical block size")
+	fs.IntVar(&o.qd, qdName, 128, "queue depth granted per channel (target.Limits.QueueDepth)")
+	fs.IntVar(&o.maxXfer, "max-transfer", 0, "data buffer per request slot in bytes (0: target default, 1 MiB)")
+}
+
+func (o *targetOpts) parse(portID string) error {
+	var err error
+	if o.size, err = parseSize(*o.sizeS); err != nil {
+		return err
+	}
+	o.portID, err = srp.ParsePortID(portID)
+	return err
+}
+
+// serveTarget starts an SRP target with one RAM LUN, listening on dev's RDMA CM at addr. stop
+// closes it and returns Serve's error.
+func serveTarget(dev *softroce.Device, addr netip.Addr, o targetOpts, log *zap.Logger) (tgt *target.Target, stop func() error, err error) {
+	ram, err := backend.NewRAM(o.size, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	lun, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: o.bs, Product: "srpbench RAM", Serial: "srpbench-0"}, ram)
+	if err != nil {
+		return nil, nil, err
+	}
+	tgt, err = target.New(target.Config{
+		Name: "srpbench", PortID: o.portID, Logger: log.Named("target"),
+		Limits:     target.Limits{QueueDepth: o.qd, MaxTransfer: o.maxXfer, MaxChannels: 4},
+		DefaultACL: &target.ACL{Name: "any", LUNs: []target.LUNMapping{{Number: 0, LUN: lun}}},
+	})
+	if err != nil {
+		lun.Close()
+		return nil, nil, err
+	}
+	ln, err := dev.Listen(addr, cmPort)
+	if err != nil {
+		lun.Close()
+		return nil, nil, err
+	}
+	served := make(chan error, 1)
+	go func() { served <- tgt.Serve(context.Background(), ln, dev) }() // ended by tgt.Close
+	stop = func() error {
+		defer lun.Close()
+		defer ln.Close()
+		cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		defer cancel()
+		if err := tgt.Close(cctx); err != nil {
+			log.Warn("closing the target", zap.Error(err))
+		}
+		select {
+		case err := <-served:
+			return err
+		case <-time.After(closeTimeout):
+			return errors.New("Serve did not return")
+		}
+	}
+	return tgt, stop, nil
+}
+
 func runTarget(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("target", flag.ContinueOnError)
 	addrS := fs.String("addr", "127.0.0.1", "loopback address to bind the RoCEv2 UDP socket on")
 	ready := fs.String("ready", "", "file to write \"udp=ADDR:PORT pid=PID\" to once listening")
 	statsSock := fs.String("stats-socket", "", "unix socket answering each connection with a JSON line of memory figures and statistics")
-	sizeS := fs.String("lun-size", "1G", "size of the RAM LUN 0")
-	bs := fs.Int("block-size", 512, "logical block size")
-	qd := fs.Int("qd", 128, "queue depth granted per channel (target.Limits.QueueDepth)")
-	maxXfer := fs.Int("max-transfer", 0, "data buffer per request slot in bytes (0: target default, 1 MiB)")
+	var to targetOpts
+	to.flags(fs, "qd")
 	portID := fs.String("port-id", defaultPortID, "SRP target port identifier (32 hex digits)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here until shutdown")
 	memprofile := fs.String("memprofile", "", "write a heap profile (allocations since start) here at shutdown")
@@ -214,12 +285,7 @@ func runTarget(ctx context.Context, args []string) error {
 	if err := loopback(addr); err != nil {
 		return err
 	}
-	size, err := parseSize(*sizeS)
-	if err != nil {
-		return err
-	}
-	pid, err := srp.ParsePortID(*portID)
-	if err != nil {
+	if err := to.parse(*portID); err != nil {
 		return err
 	}
 	log := newLog(*verbose)
@@ -229,41 +295,21 @@ func runTarget(ctx context.Context, args []string) error {
 	}
 	defer stopProf()
 
-	ram, err := backend.NewRAM(size, false)
-	if err != nil {
-		return err
-	}
-	lun, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: *bs, Product: "srpbench RAM", Serial: "srpbench-0"}, ram)
-	if err != nil {
-		return err
-	}
-	defer lun.Close()
-	tgt, err := target.New(target.Config{
-		Name: "srpbench", PortID: pid, Logger: log.Named("target"),
-		Limits:     target.Limits{QueueDepth: *qd, MaxTransfer: *maxXfer, MaxChannels: 4},
-		DefaultACL: &target.ACL{Name: "any", LUNs: []target.LUNMapping{{Number: 0, LUN: lun}}},
-	})
-	if err != nil {
-		return err
-	}
 	dev, udp, err := openDevice(ctx, "bench-target", addr, 0, log.Named("softroce"))
 	if err != nil {
 		return err
 	}
 	defer closeDevice(dev)
-	ln, err := dev.Listen(addr, cmPort)
+	tgt, stopTarget, err := serveTarget(dev, addr, to, log)
 	if err != nil {
 		return err
 	}
-	defer ln.Close()
-	served := make(chan error, 1)
-	go func() { served <- tgt.Serve(context.Background(), ln, dev) }() // ended by tgt.Close
-
 	var sl net.Listener
 	var swg sync.WaitGroup
 	if *statsSock != "" {
 		_ = os.Remove(*statsSock)
 		if sl, err = net.Listen("unix", *statsSock); err != nil {
+			_ = stopTarget()
 			return err
 		}
 		swg.Add(1)
@@ -273,31 +319,15 @@ func runTarget(ctx context.Context, args []string) error {
 		}()
 	}
 	if err := writeReady(*ready, fmt.Sprintf("udp=%v pid=%d", udp, os.Getpid())); err != nil {
+		_ = stopTarget()
 		return err
 	}
-	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-served:
-		served = nil
-	}
+	<-ctx.Done()
 	if sl != nil {
 		_ = sl.Close()
 		swg.Wait()
 	}
-	cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-	defer cancel()
-	if err := tgt.Close(cctx); err != nil {
-		log.Warn("closing the target", zap.Error(err))
-	}
-	if served != nil {
-		select {
-		case serveErr = <-served:
-		case <-time.After(closeTimeout):
-			serveErr = errors.New("Serve did not return")
-		}
-	}
-	return serveErr
+	return stopTarget()
 }
 
 // memStatus is what the stats socket answers.
@@ -415,32 +445,79 @@ func runNBD(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("nbd", flag.ContinueOnError)
 	var o sessOpts
 	targetS, portID := o.flags(fs)
+	local := fs.Bool("local", false, "run the target in this process, on the same softroce device (as srpd's loopback demo does): no -target")
+	addrS := fs.String("addr", "127.0.0.1", "with -local: loopback address to bind the RoCEv2 UDP socket on")
+	var to targetOpts
+	to.flags(fs, "target-qd")
 	sock := fs.String("socket", "", "unix socket of the NBD server")
 	export := fs.String("export", "disk", "export name")
 	workers := fs.Int("workers", 0, "NBD worker goroutines per connection (0: nbd default)")
 	ready := fs.String("ready", "", "file to write \"pid=PID\" to once serving")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here until shutdown")
+	traceFile := fs.String("trace", "", "write a runtime execution trace (go tool trace) here until shutdown")
 	verbose := fs.Bool("v", false, "info logs (default: warnings only)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if err := o.parse(*targetS, *portID); err != nil {
-		return err
+	if *traceFile != "" {
+		f, err := os.Create(*traceFile)
+		if err != nil {
+			return err
+		}
+		if err := trace.Start(f); err != nil {
+			_ = f.Close()
+			return err
+		}
+		defer func() { trace.Stop(); _ = f.Close() }()
 	}
 	if *sock == "" {
 		return errors.New("-socket is required")
 	}
 	log := newLog(*verbose)
+	var dev *softroce.Device
+	if *local {
+		addr, err := netip.ParseAddr(*addrS)
+		if err != nil {
+			return err
+		}
+		if err := loopback(addr); err != nil {
+			return err
+		}
+		if err := to.parse(*portID); err != nil {
+			return err
+		}
+		o.portID = to.portID
+		d, udp, err := openDevice(ctx, "bench-local", addr, 0, log.Named("softroce"))
+		if err != nil {
+			return err
+		}
+		defer closeDevice(d)
+		_, stopTarget, err := serveTarget(d, addr, to, log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := stopTarget(); err != nil {
+				log.Warn("target", zap.Error(err))
+			}
+		}()
+		dev, o.target = d, udp
+	} else {
+		if err := o.parse(*targetS, *portID); err != nil {
+			return err
+		}
+		d, _, err := openDevice(ctx, "bench-initiator", o.target.Addr(), 0, log.Named("softroce"))
+		if err != nil {
+			return err
+		}
+		defer closeDevice(d)
+		dev = d
+	}
 	stopProf, err := startProfile(*cpuprofile)
 	if err != nil {
 		return err
 	}
 	defer stopProf()
-	dev, _, err := openDevice(ctx, "bench-initiator", o.target.Addr(), 0, log.Named("softroce"))
-	if err != nil {
-		return err
-	}
-	defer closeDevice(dev)
 	dev.SetPeerUDPPort(o.target.Addr(), o.target.Port())
 	sess, err := dial(ctx, dev, &o, 1, log.Named("initiator"))
 	if err != nil {

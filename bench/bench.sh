@@ -4,9 +4,13 @@
 #
 # Section "nbd": three NBD servers of the same size, each on its own unix socket in a private
 # directory on tmpfs, filled with the same random data:
-#   ours      bench/cmd/srpbench: an SRP target process (RAM LUN) and an SRP initiator process
-#             that logs in to it over softroce (RoCEv2 over UDP loopback, RDMA CM, 2 channels)
-#             and serves LUN 0 with package initiator/nbd, as srpd would;
+#   ours      bench/cmd/srpbench nbd -local: one process, as srpd runs its loopback demo
+#             (configs/demo-loopback.yaml): an SRP target (RAM LUN) and an SRP initiator that
+#             logs in to it over softroce (RDMA CM, 2 channels) on one softroce device, serving
+#             LUN 0 with package initiator/nbd. Their packets take softroce's loopback path, as
+#             between two QPs of one kernel rxe device (rxe_loopback), not the UDP socket;
+#   ours-2proc  the same as two processes (srpbench target, srpbench nbd) on two softroce
+#             devices: RoCEv2 over the kernel's UDP loopback;
 #   qemu-nbd  a raw file on /dev/shm (--cache=none --aio=threads);
 #   nbdkit    the memory plugin.
 # The same fio jobs (nbd engine) run against each in turn: 128 KiB sequential read and write
@@ -27,12 +31,13 @@
 #   bench/bench.sh nbd            # make bench-nbd
 #   bench/bench.sh mem            # make bench-mem
 #   RUNTIME=5 SIZE=256m bench/bench.sh nbd
-#   PROFILE=1 bench/bench.sh nbd  # CPU profiles of our two processes, top functions printed
+#   PROFILE=1 bench/bench.sh nbd  # CPU profiles of our processes, top functions printed
 #
 # Environment: RUNTIME (s per fio job, 10), RAMP (s, 1), SIZE (export size, 1g), QDS ("32 1"),
-# CHANNELS (2), INI_QD (initiator queue depth per channel, 64), OURS_GOMAXPROCS (the GOMAXPROCS
-# settings to run ours with, each as its own pair of processes in the same run: "default" is Go's
-# (the number of CPUs), N gives column ours-gmpN; default "default 1"), PROFILE, PROFILE_DIR
+# CHANNELS (2), INI_QD (initiator queue depth per channel, 64), OURS (our set-ups, each run in
+# the same run as its own processes: MODE[:GOMAXPROCS], MODE local (column ours) or split (column
+# ours-2proc), GOMAXPROCS N adds -gmpN to the column (default: Go's, the number of CPUs); default
+# "local split"), PROFILE, PROFILE_DIR
 # (where to keep the profiles; default: the work directory, removed at exit), MEM_SESSIONS ("1 64"),
 # MEM_QD (128), MEM_IOS (N, 20000), MEM_LUN (64m), MEM_SIZES ("4k,4k,16k,64k"), MEM_WORKERS
 # (I/O goroutines per session, 0: channels × qd / 2), MEM_GOMAXPROCS (of the target; default Go's).
@@ -46,7 +51,7 @@ SIZE=${SIZE:-1g}
 QDS=${QDS:-"32 1"}
 CHANNELS=${CHANNELS:-2}
 INI_QD=${INI_QD:-64}
-OURS_GOMAXPROCS=${OURS_GOMAXPROCS:-"default 1"}
+OURS=${OURS:-"local split"}
 PROFILE=${PROFILE:-}
 MEM_SESSIONS=${MEM_SESSIONS:-"1 64"}
 MEM_QD=${MEM_QD:-128}
@@ -146,11 +151,24 @@ nbd_section() {
   echo "== image: $SIZE of random data in $work (tmpfs)"
   openssl rand -out "$work/img.raw" "$bytes"
 
-  # Ours: one SRP target process + one SRP initiator/NBD process per GOMAXPROCS setting.
+  # Ours, once per entry of OURS (MODE[:GOMAXPROCS]): "local" is one process with the SRP target
+  # and the SRP initiator + NBD export on one softroce device, as srpd runs its loopback demo
+  # (packets between them take softroce's loopback path, as between two QPs of one kernel rxe
+  # device); "split" is a target process and an initiator + NBD process on two softroce devices,
+  # whose packets cross the kernel's UDP loopback.
   declare -A uri cpupids
-  local servers=() ourpids=()
-  for g in $OURS_GOMAXPROCS; do
-    s=ours; [[ $g == default ]] || s=ours-gmp$g
+  local servers=() ourpids=() splits=()
+  local spec mode
+  for spec in $OURS; do
+    mode=${spec%%:*}
+    g=default
+    [[ $spec == *:* ]] && g=${spec#*:}
+    case $mode in
+      local) s=ours ;;
+      split) s=ours-2proc ;;
+      *) echo "bench.sh: OURS entry $spec: mode must be local or split" >&2; exit 2 ;;
+    esac
+    [[ $g == default ]] || s+=-gmp$g
     local genv=()
     [[ $g == default ]] || genv=(GOMAXPROCS=$g)
     local tprof=() iprof=()
@@ -159,21 +177,34 @@ nbd_section() {
       tprof=(-cpuprofile "$pdir/$s.target.cpu.pprof")
       iprof=(-cpuprofile "$pdir/$s.initiator.cpu.pprof")
     fi
-    echo "== starting $s: SRP target process, SRP initiator + NBD process ($CHANNELS channels, QD $INI_QD, GOMAXPROCS $g)"
-    rm -f "$work/$s.target.ready"
-    env "${genv[@]}" "$bin" target -ready "$work/$s.target.ready" -lun-size "$SIZE" -qd 128 "${tprof[@]}" >"$work/$s.target.log" 2>&1 &
-    tpid=$!
-    pids+=("$tpid")
-    wait_file "$work/$s.target.ready" "$s.target" "$tpid"
-    tudp=$(sed -n 's/.*udp=\([^ ]*\).*/\1/p' "$work/$s.target.ready")
-    env "${genv[@]}" "$bin" nbd -target "$tudp" -socket "$work/$s.sock" -ready "$work/$s.nbd.ready" \
-      -channels "$CHANNELS" -qd "$INI_QD" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
-    local npid=$!
-    pids+=("$npid")
-    wait_file "$work/$s.nbd.ready" "$s.nbd" "$npid"
+    local npid
+    if [[ $mode == local ]]; then
+      echo "== starting $s: one process, SRP target + SRP initiator + NBD on one softroce device ($CHANNELS channels, QD $INI_QD, GOMAXPROCS $g)"
+      env "${genv[@]}" "$bin" nbd -local -lun-size "$SIZE" -target-qd 128 -socket "$work/$s.sock" -ready "$work/$s.nbd.ready" \
+        -channels "$CHANNELS" -qd "$INI_QD" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
+      npid=$!
+      pids+=("$npid")
+      wait_file "$work/$s.nbd.ready" "$s.nbd" "$npid"
+      cpupids[$s]="$npid"
+      ourpids+=("$npid")
+    else
+      echo "== starting $s: SRP target process, SRP initiator + NBD process ($CHANNELS channels, QD $INI_QD, GOMAXPROCS $g)"
+      rm -f "$work/$s.target.ready"
+      env "${genv[@]}" "$bin" target -ready "$work/$s.target.ready" -lun-size "$SIZE" -qd 128 "${tprof[@]}" >"$work/$s.target.log" 2>&1 &
+      tpid=$!
+      pids+=("$tpid")
+      wait_file "$work/$s.target.ready" "$s.target" "$tpid"
+      tudp=$(sed -n 's/.*udp=\([^ ]*\).*/\1/p' "$work/$s.target.ready")
+      env "${genv[@]}" "$bin" nbd -target "$tudp" -socket "$work/$s.sock" -ready "$work/$s.nbd.ready" \
+        -channels "$CHANNELS" -qd "$INI_QD" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
+      npid=$!
+      pids+=("$npid")
+      wait_file "$work/$s.nbd.ready" "$s.nbd" "$npid"
+      cpupids[$s]="$tpid $npid"
+      ourpids+=("$tpid" "$npid")
+      splits+=("$s")
+    fi
     uri[$s]="nbd+unix:///disk?socket=$work/$s.sock"
-    cpupids[$s]="$tpid $npid"
-    ourpids+=("$tpid" "$npid")
     servers+=("$s")
   done
   qemu-nbd -k "$work/qemu.sock" -x disk -f raw -t --cache=none --aio=threads "$work/img.raw" >"$work/qemu.log" 2>&1 &
@@ -231,7 +262,7 @@ nbd_section() {
       p99[$name.$s]=$(jq -r ".jobs[0].$dir.clat_ns.percentile[\"99.000000\"] / 1000" "$out")
       local extra=""
       if [[ -n $c0 ]]; then
-        # CPU time of our two processes per I/O (ramp included: I/Os estimated from the IOPS
+        # CPU time of our processes per I/O (ramp included: I/Os estimated from the IOPS
         # over the whole job's wall time).
         ios=$(jq -r ".jobs[0].$dir.iops" "$out")
         cpu[$name.$s]=$(jq -n "($(ticks ${cpupids[$s]}) - $c0) / $(getconf CLK_TCK) * 1e6 / ($ios * ($t1 - $t0) / 1e9)")
@@ -279,15 +310,15 @@ nbd_section() {
       echo "$row   (lower is better)"
     done
   done
-  if [[ " $QDS " == *" 1 "* ]]; then
+  if [[ " $QDS " == *" 1 "* && ${#splits[@]} -gt 0 ]]; then
     name=randread-4k-qd1
     echo
-    echo "== QD1 4 KiB read latency against a reference: qemu-nbd's latency plus one UDP round trip between"
-    echo "   two Go processes ($udp_mean us, measured above), the exchange our design adds (NBD client ->"
-    echo "   initiator process -> target process and back). Not a hard floor: our processes overlap work"
-    echo "   that the two separate measurements each pay in full (their wake-ups, fio's own time)."
-    for o in "${ours[@]}"; do
-      printf '%-10s mean %8.1f us   reference %8.1f us   ours/reference %5.2f   cpu %7.1f us/IO (target + initiator)\n' "$o" \
+    echo "== QD1 4 KiB read latency of the split set-ups against a reference: qemu-nbd's latency plus one"
+    echo "   UDP round trip between two Go processes ($udp_mean us, measured above), the exchange the split"
+    echo "   set-up adds (NBD client -> initiator process -> target process and back). Not a hard floor:"
+    echo "   our processes overlap work that the two separate measurements each pay in full."
+    for o in "${splits[@]}"; do
+      printf '%-16s mean %8.1f us   reference %8.1f us   ours/reference %5.2f   cpu %7.1f us/IO (target + initiator)\n' "$o" \
         "${lat[$name.$o]}" "$(jq -n "${lat[$name.qemu-nbd]} + $udp_mean")" \
         "$(ratio "${lat[$name.$o]}" "$(jq -n "${lat[$name.qemu-nbd]} + $udp_mean")")" "${cpu[$name.$o]}"
     done
@@ -301,6 +332,7 @@ nbd_section() {
   if [[ -n $PROFILE ]]; then
     for o in "${ours[@]}"; do
       for p in target initiator; do
+        [[ -s $pdir/$o.$p.cpu.pprof ]] || continue # a local set-up has one process (initiator)
         echo
         echo "== CPU profile of $o's $p process ($pdir/$o.$p.cpu.pprof), covering the fill and every job"
         (cd "$root" && go tool pprof -top -nodecount=30 "$pdir/$o.$p.cpu.pprof" 2>/dev/null | sed -n '1,40p') || true

@@ -26,6 +26,9 @@ type realEnv struct {
 	luns []*scsi.LUN
 	lim  target.Limits
 	udp  bool
+	// local: the target is on the initiator's device (one process, as srpd's loopback demo):
+	// their packets take softroce's loopback path.
+	local bool
 
 	mu     sync.Mutex
 	tdev   *softroce.Device
@@ -65,6 +68,37 @@ func newRealEnv(t testing.TB, udp bool, pc link.PipeConfig, lim target.Limits, n
 		e.ini = openDev(t, a, "ini")
 		e.tdev = openDev(t, b, "tgt")
 	}
+	e.dialer = &testDialer{local: e.ini.Addrs()[0], accept: e.accept, timeout: 14}
+	e.start()
+	t.Cleanup(e.stop)
+	return e
+}
+
+// newLocalEnv is newRealEnv with the target on the initiator's device (UDP on 127.0.0.1).
+func newLocalEnv(t testing.TB, lim target.Limits, nLUNs int, lunSize int64) *realEnv {
+	e := &realEnv{t: t, lim: lim, local: true}
+	for i := 0; i < nLUNs; i++ {
+		ram, err := backend.NewRAM(lunSize, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := scsi.NewLUN(scsi.LUNConfig{Serial: fmt.Sprintf("local-lun-%d", i)}, ram)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.luns = append(e.luns, l)
+	}
+	t.Cleanup(func() {
+		for _, l := range e.luns {
+			l.Close()
+		}
+	})
+	la, err := link.ListenUDP(context.Background(), netip.MustParseAddrPort("127.0.0.1:0"), link.UDPOptions{})
+	if err != nil {
+		t.Skipf("SKIPPED: UDP loopback unavailable: %v", err)
+	}
+	e.ini = openDev(t, la, "local")
+	e.tdev = e.ini
 	e.dialer = &testDialer{local: e.ini.Addrs()[0], accept: e.accept, timeout: 14}
 	e.start()
 	t.Cleanup(e.stop)
@@ -194,15 +228,22 @@ func TestRealTarget(t *testing.T) {
 	for _, sc := range []struct {
 		name  string
 		udp   bool
+		local bool // target and initiator on one device: softroce's loopback path
 		pipe  link.PipeConfig
 		setup func(*Config)
 	}{
 		{name: "mem"},
 		{name: "mem-indirect-2ch", setup: func(c *Config) { c.ChCount, c.MaxPagesPerMR, c.CmdSGEntries = 2, 4, 16 }},
 		{name: "udp-2ch", udp: true, setup: func(c *Config) { c.ChCount = 2 }},
+		{name: "local-2ch", local: true, setup: func(c *Config) { c.ChCount = 2 }},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
-			e := newRealEnv(t, sc.udp, sc.pipe, target.Limits{}, 2, 32<<20)
+			var e *realEnv
+			if sc.local {
+				e = newLocalEnv(t, target.Limits{}, 2, 32<<20)
+			} else {
+				e = newRealEnv(t, sc.udp, sc.pipe, target.Limits{}, 2, 32<<20)
+			}
 			cfg := e.config()
 			cfg.QueueDepth = 64
 			if sc.setup != nil {
@@ -217,6 +258,14 @@ func TestRealTarget(t *testing.T) {
 			ctx := ctxT(t, 5*time.Minute)
 			st := runWorkload(ctx, t, l, m, workloadOpts{ops: scaled(30), qds: []int{1, 16, 64}, maxSize: 1 << 20, mixed: true})
 			verifyAll(ctx, t, l, m)
+			if sc.local {
+				// Every packet between them looped back; none reached the UDP socket.
+				ds := e.ini.Stats()
+				if ds.LoopPackets == 0 || ds.TxPackets != 0 || ds.RxPackets != 0 || ds.LoopDrops != 0 {
+					t.Errorf("device: %d packets looped back, %d dropped, %d sent and %d received on the link; want > 0, 0, 0, 0",
+						ds.LoopPackets, ds.LoopDrops, ds.TxPackets, ds.RxPackets)
+				}
+			}
 			ts := e.tgt.Stats()
 			t.Logf("%d reads, %d writes, %d other; session %+v; target %+v", st.reads.Load(), st.writes.Load(),
 				st.others.Load(), s.Stats(), ts)

@@ -77,11 +77,19 @@ func (o *nodeOpts) fill() {
 
 func newNode(t tb, lnk link.Link, o nodeOpts) *node {
 	helper(t)
-	o.fill()
 	dev, err := Open(Config{Link: lnk, Name: "t" + lnk.LocalAddr().String()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newNodeOn(t, dev, o)
+}
+
+// newNodeOn is newNode on an existing device (two nodes on one device talk through its
+// loopback path).
+func newNodeOn(t tb, dev *Device, o nodeOpts) *node {
+	helper(t)
+	o.fill()
+	var err error
 	n := &node{t: t, dev: dev, addr: dev.Addrs()[0]}
 	if n.pd, err = dev.AllocPD(); err != nil {
 		t.Fatal(err)

@@ -39,12 +39,15 @@ const (
 	// waking the transmit loop (a goroutine handoff).
 	loopInline = 40
 	// progressBatches bounds the batches Progress processes on its caller's goroutine before
-	// it hands the rest to the loopback loop.
-	progressBatches = 4
+	// it hands the rest to the loopback loop: enough for a command of 1 MiB (a write's READ
+	// responses alone are 8 batches at MTU 4096), as waking the loopback loop mid-command costs
+	// a goroutine handoff.
+	progressBatches = 16
 )
 
 type loopback struct {
 	on   bool
+	max  int // loopMaxBufs (tests lower it)
 	kick chan struct{}
 
 	mu    sync.Mutex
@@ -62,7 +65,7 @@ type loopback struct {
 }
 
 func (l *loopback) init(off bool) {
-	l.on = !off
+	l.on, l.max = !off, loopMaxBufs
 	l.kick = make(chan struct{}, 1)
 }
 
@@ -108,7 +111,7 @@ func (d *Device) loopSend(pkts []link.Packet) []link.Packet {
 			buf = l.free[m-1]
 			l.free[m-1] = nil
 			l.free = l.free[:m-1]
-		} else if l.nbufs < loopMaxBufs {
+		} else if l.nbufs < l.max {
 			buf = make([]byte, bufSize)
 			l.nbufs++
 		} else {

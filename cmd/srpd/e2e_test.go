@@ -190,6 +190,10 @@ func TestDaemonEndToEnd(t *testing.T) {
 		`(?m)^srpd_nbd_written_bytes_total\{connection="c1",lun="1"\} [1-9][0-9]*$`,
 		`(?m)^srpd_target_backend_io_duration_seconds_bucket\{target="t1",lun="1",op="write",le="\+Inf"\} [1-9][0-9]*$`,
 		`(?m)^srpd_softroce_retransmits_total\{transport="lo"\} [0-9]+$`,
+		// The sessions and targets share transport lo: their packets take softroce's
+		// loopback path, none the UDP socket's.
+		`(?m)^srpd_softroce_loopback_packets_total\{transport="lo"\} [1-9][0-9]*$`,
+		`(?m)^srpd_softroce_tx_packets_total\{transport="lo"\} 0$`,
 		`(?m)^# TYPE srpd_nbd_request_duration_seconds histogram$`,
 	} {
 		if !regexp.MustCompile(re).MatchString(body) {

@@ -659,10 +659,12 @@ const (
 	// handlerRounds bounds the extra rounds of completion handlers rxHandle runs for
 	// completions that their posts added (hOwed).
 	handlerRounds = 4
-	// rxInline is the number of full-size packets the receive loop builds itself at the end of
-	// a batch (READ responses, requester packets released by ACKs); more is left to the
-	// transmit loop.
-	rxInline = 16
+	// rxInline is the number of full-size packets a receive path builds itself at the end of a
+	// batch (READ responses, requester packets released by ACKs, what completion handlers
+	// post); more is left to the transmit loop. 40 holds a 128 KiB RDMA WRITE or READ response
+	// and the SEND behind it at MTU 4096, so that a target answers such a command without
+	// waking the transmit loop (a goroutine handoff).
+	rxInline = 40
 	// postInline is the number of packets PostSend builds and sends from the caller's goroutine;
 	// the rest of a longer message is left to the transmit loop.
 	postInline = 8

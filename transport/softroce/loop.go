@@ -33,11 +33,6 @@ const (
 	// dropped and counted, and the RC retry recovers it as after a loss on a network. In
 	// practice the queue holds what the requesters have in flight towards the device itself.
 	loopMaxBufs = 8192
-	// loopInline is the number of full-size packets a loopback batch builds itself (rxInline
-	// for the link's receive loop): enough for a 128 KiB RDMA WRITE or READ response and the
-	// SEND behind it at MTU 4096, so that a command is answered within one drain, without
-	// waking the transmit loop (a goroutine handoff).
-	loopInline = 40
 	// progressBatches bounds the batches Progress processes on its caller's goroutine before
 	// it hands the rest to the loopback loop: enough for a command of 1 MiB (a write's READ
 	// responses alone are 8 batches at MTU 4096), as waking the loopback loop mid-command costs
@@ -176,7 +171,7 @@ func (d *Device) loopDrain(max int) bool {
 	l := &d.loop
 	l.mu.Lock()
 	if l.bufs == nil {
-		l.bufs = newRxBufs(loopBatch, loopInline) // only a device that loops back needs them
+		l.bufs = newRxBufs(loopBatch, rxInline) // only a device that loops back needs them
 	}
 	b := l.bufs
 	for k := 0; ; k++ {

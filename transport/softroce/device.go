@@ -444,10 +444,16 @@ func (d *Device) armTimer(t time.Time) {
 	}
 }
 
-// send hands packets to the link, counting them.
-func (d *Device) send(pkts []link.Packet) {
+// send hands packets to the link, counting them (those to the device itself to its loopback
+// queue).
+func (d *Device) send(pkts []link.Packet) { d.sendFrom(pkts, nil) }
+
+// sendFrom is send for packets built into the full-size buffers of pool, which the caller owns
+// and reuses only after this call: the loopback queue may take such a buffer instead of copying
+// the packet, and puts one of its own free buffers in its place in pool.
+func (d *Device) sendFrom(pkts []link.Packet, pool [][]byte) {
 	if d.loop.on {
-		pkts = d.loopSend(pkts)
+		pkts = d.loopSend(pkts, pool)
 	}
 	for len(pkts) > 0 {
 		n, err := d.lnk.Send(pkts)
@@ -562,7 +568,7 @@ func (d *Device) rxBatch(b *rxBufs, n int) bool {
 	if d.handlersOwed() {
 		ctl = d.rxHandle(ctl, b.big[nbig:])
 		if len(ctl) > 0 {
-			d.send(ctl)
+			d.sendFrom(ctl, b.big)
 			d.sendMu.Unlock()
 			clear(ctl)
 			b.ctl = ctl[:0]
@@ -577,7 +583,7 @@ func (d *Device) rxBatch(b *rxBufs, n int) bool {
 	d.sendMu.Lock()
 	d.mu.Unlock()
 	d.rxNotify()
-	d.send(ctl)
+	d.sendFrom(ctl, b.big)
 	d.sendMu.Unlock()
 	clear(ctl) // drop references to buffers' views
 	b.ctl = ctl[:0]

@@ -79,10 +79,11 @@ func (d *Device) loopDst(dst netip.AddrPort) bool {
 }
 
 // loopSend moves the packets of pkts that are addressed to the device itself to the loopback
-// queue (copying their bytes: the caller's buffers are reused at once) and returns the others,
-// compacted in place in their order. Called by send, with sendMu held, so packets join the
-// queue in the order they were built.
-func (d *Device) loopSend(pkts []link.Packet) []link.Packet {
+// queue and returns the others, compacted in place in their order. A packet built at the start
+// of a buffer of pool (sendFrom) is taken with its buffer, which a free buffer of the queue
+// replaces in pool; any other is copied (the caller's buffers are reused at once). Called by
+// sendFrom, with sendMu held, so packets join the queue in the order they were built.
+func (d *Device) loopSend(pkts []link.Packet, pool [][]byte) []link.Packet {
 	i := 0
 	for i < len(pkts) && !d.loopDst(pkts[i].Dst) {
 		i++
@@ -93,6 +94,7 @@ func (d *Device) loopSend(pkts []link.Packet) []link.Packet {
 	l := &d.loop
 	k := i
 	var n, bytes, drops uint64
+	j := 0 // packets built into pool come in pool's order: look on from the last one found
 	l.mu.Lock()
 	for ; i < len(pkts); i++ {
 		p := &pkts[i]
@@ -113,6 +115,22 @@ func (d *Device) loopSend(pkts []link.Packet) []link.Packet {
 			drops++
 			continue
 		}
+		plen := len(p.Buf)
+		if plen > 0 {
+			for j < len(pool) && (len(pool[j]) == 0 || &pool[j][0] != &p.Buf[0]) {
+				j++
+			}
+		}
+		if plen > 0 && j < len(pool) {
+			// Take the caller's buffer; ours takes its place.
+			buf, pool[j] = pool[j], buf
+			j++
+		} else {
+			copy(buf, p.Buf)
+			if j == len(pool) {
+				j = 0 // not from pool (a control packet): later ones may still be
+			}
+		}
 		// What the link's Recv would report: the sender's address and the device's port.
 		src := p.Src.Addr()
 		if !src.IsValid() || src.IsUnspecified() {
@@ -122,10 +140,10 @@ func (d *Device) loopSend(pkts []link.Packet) []link.Packet {
 			Src:          netip.AddrPortFrom(src, d.port),
 			Dst:          p.Dst,
 			TrafficClass: p.TrafficClass,
-			Buf:          buf[:copy(buf, p.Buf)],
+			Buf:          buf[:plen],
 		})
 		n++
-		bytes += uint64(len(p.Buf))
+		bytes += uint64(plen)
 	}
 	wake := !l.active && len(l.q) > l.head
 	if wake {

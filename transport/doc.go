@@ -49,6 +49,12 @@
 // wait for the engine (it runs on it); target and initiator take the completions there only when
 // their channel goroutine is idle and leave failures and teardown to it.
 //
+// A device may also implement Progresser: work it would hand to a goroutine of its own
+// (softroce: packets between two QPs of the same device, which it loops back without the
+// network, as rxe does) can then run on the consumer's goroutine. The initiator brackets each
+// command's post with Hold and Progress, so that with the target on the same device the
+// command, its execution and answer, and its completion all run on the posting goroutine.
+//
 // # Connection management
 //
 // Not in this package yet. A QP gets its address vector, destination QPN and PSNs from the

@@ -17,7 +17,8 @@ func loopPair(t *testing.T) (a, b *node, lnk *link.MemLink) {
 	a = newNode(t, la, nodeOpts{})
 	b = newNodeOn(t, a.dev, nodeOpts{})
 	t.Cleanup(a.close)
-	connect(a, b, connOpts{mtu: transport.MTU1024})
+	// No local ACK timeout: a SEND held back by Hold must not be retransmitted meanwhile.
+	connect(a, b, connOpts{mtu: transport.MTU1024, noTimeout: true})
 	return a, b, la
 }
 

@@ -2,6 +2,7 @@ package initiator
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"math/rand/v2"
 	"sync"
@@ -252,5 +253,32 @@ func TestAsyncLocalInline(t *testing.T) {
 	}
 	if st := e.ini.Stats(); st.LoopPackets == 0 || st.TxPackets != 0 {
 		t.Errorf("device stats %+v: want loopback only", st)
+	}
+}
+
+// TestAsyncNoTimeoutCancel: with CommandTimeout Off, an asynchronous command the target never
+// answers ends when its context is cancelled (an NBD connection that closes does not wait
+// forever for it).
+func TestAsyncNoTimeoutCancel(t *testing.T) {
+	e := newMemEnv(t, link.PipeConfig{}, tgtConfig{credits: 4})
+	cfg := e.config()
+	cfg.CommandTimeout = Off
+	s := e.dial(cfg)
+	l := s.LUNs()[0]
+	held := holdWrite(e.tgt, 3000)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	start := time.Now()
+	err := asyncWait(t, 20*time.Second, func(done func(error)) {
+		l.WriteAtAsync(ctx, make([]byte, 4096), 3000*512, false, done)
+	})
+	if !held.Load() {
+		t.Fatal("nothing was held")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("err = %v, want context.Canceled", err)
+	}
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Errorf("ended after %v, before the cancel", d)
 	}
 }

@@ -162,10 +162,11 @@ func (l *LUN) ReadAt(ctx context.Context, p []byte, off int64) error {
 }
 
 // ReadAtAsync is ReadAt without blocking: it calls done once with what ReadAt would return.
-// When a request slot and a credit are free and p fits one command, the command is posted at
-// once and done runs on the goroutine that handles its completion (the transport's receive
-// goroutine or the channel's); otherwise, and whenever the command needs error handling, on a
-// goroutine of its own. done must not block. ctx bounds the command like ReadAt's only where
+// When a request slot and a credit are free, p fits one command and commands have a timeout
+// (Config.CommandTimeout not Off), the command is posted at once and done runs on the
+// goroutine that handles its completion (the transport's receive goroutine, the channel's, or
+// this one: transport.Progresser); otherwise, and whenever the command needs error handling,
+// on a goroutine of its own. done must not block. ctx bounds the command like ReadAt's only where
 // error handling runs (the command timeout bounds it in any case); p must stay untouched
 // until done.
 func (l *LUN) ReadAtAsync(ctx context.Context, p []byte, off int64, done func(error)) {

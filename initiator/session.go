@@ -630,6 +630,13 @@ func (s *Session) watchdog() {
 // submitAsync starts j as one command without blocking, if a request slot and a credit are
 // free at once and the whole range fits one command; false leaves j to the caller.
 func (s *Session) submitAsync(ctx context.Context, j *job, done func(error)) bool {
+	if s.cfg.CommandTimeout <= 0 {
+		// A posted command observes its context only where its error handling runs, which the
+		// command timeout starts; without one, a command the target never answers would keep
+		// its caller (an NBD connection shutting down) forever. The synchronous path waits on
+		// the context.
+		return false
+	}
 	r := s.tryAcquire()
 	if r == nil {
 		return false

@@ -282,3 +282,37 @@ func TestAsyncNoTimeoutCancel(t *testing.T) {
 		t.Errorf("ended after %v, before the cancel", d)
 	}
 }
+
+// TestByteCounters: Stats.BytesRead and BytesWritten count the data of READ(16)/WRITE(16)s
+// that completed GOOD, on the synchronous and the asynchronous path (the daemon reports them as
+// a connection's read and write bytes); a failed command adds nothing.
+func TestByteCounters(t *testing.T) {
+	e := newMemEnv(t, link.PipeConfig{}, tgtConfig{lunSize: 8 << 20})
+	s := e.dial(e.config())
+	l := s.LUNs()[0]
+	ctx := ctxT(t, time.Minute)
+	buf := make([]byte, 64<<10)
+	if err := l.WriteAt(ctx, buf, 0, false); err != nil { // 64 KiB
+		t.Fatal(err)
+	}
+	if err := asyncWait(t, 20*time.Second, func(done func(error)) {
+		l.WriteAtAsync(ctx, buf[:4096], 1<<20, false, done)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.ReadAt(ctx, buf[:8192], 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := asyncWait(t, 20*time.Second, func(done func(error)) {
+		l.ReadAtAsync(ctx, buf[:512], 1<<20, done)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.ReadAt(ctx, buf[:4096], l.Size()); err == nil { // beyond the end: refused
+		t.Fatal("read beyond the LUN's end succeeded")
+	}
+	st := s.Stats()
+	if st.BytesWritten != 64<<10+4096 || st.BytesRead != 8192+512 {
+		t.Errorf("BytesWritten %d (want %d), BytesRead %d (want %d)", st.BytesWritten, 64<<10+4096, st.BytesRead, 8192+512)
+	}
+}

@@ -73,6 +73,8 @@ type Stats struct {
 	Reconnects     uint64 // channel reconnections
 	CreditWaits    uint64 // submissions that waited for credits
 	StaleResponses uint64 // responses for commands no longer outstanding
+	BytesRead      uint64 // data-in bytes of READ(16)s that completed GOOD
+	BytesWritten   uint64 // data-out bytes of WRITE(16)s that completed GOOD (zeroes sent as WRITE(16) included)
 	// HandlerBatches counts completion batches handled on the transport's receive goroutine
 	// (transport.CompletionHandler) instead of the channel goroutine.
 	HandlerBatches uint64
@@ -81,10 +83,20 @@ type Stats struct {
 	LiveChannels   int
 }
 
+// countRW counts the bytes of a READ(16)/WRITE(16) that completed GOOD.
+func (c *counters) countRW(write bool, n int) {
+	if write {
+		c.bytesWritten.Add(uint64(n))
+	} else {
+		c.bytesRead.Add(uint64(n))
+	}
+}
+
 type counters struct {
 	commands, imm, retries, uas, timeouts, aborts, lunResets, taskMgmt atomic.Uint64
 	reconnects, creditWaits, staleRsps, credReqs, aerReqs              atomic.Uint64
 	handlerBatches                                                     atomic.Uint64
+	bytesRead, bytesWritten                                            atomic.Uint64
 }
 
 // Session is an SRP initiator session with one target port: ChCount RDMA channels, their
@@ -521,6 +533,7 @@ func (s *Session) Stats() Stats {
 		LUNResets: c.lunResets.Load(), TaskMgmt: c.taskMgmt.Load(), Reconnects: c.reconnects.Load(),
 		CreditWaits: c.creditWaits.Load(), StaleResponses: c.staleRsps.Load(), CredReqs: c.credReqs.Load(),
 		AerReqs: c.aerReqs.Load(), HandlerBatches: c.handlerBatches.Load(), LiveChannels: s.liveChannels(),
+		BytesRead: c.bytesRead.Load(), BytesWritten: c.bytesWritten.Load(),
 	}
 }
 
@@ -688,6 +701,7 @@ func (s *Session) asyncAnswered(r *request) {
 	}
 	<-r.done // given by finishLocked before it queued r
 	s.stats.commands.Add(1)
+	s.stats.countRW(j.write, j.total)
 	if imm {
 		s.stats.imm.Add(1)
 	}
@@ -1057,6 +1071,7 @@ func (s *Session) await(ctx context.Context, j *job, ck *chunk) (again bool, err
 			if shortTransfer(flags, diResid, doResid) {
 				return false, fmt.Errorf("initiator: %s to LUN %d at LBA %d: %w", j.op, j.lun, lba, ErrShortTransfer)
 			}
+			s.stats.countRW(j.write, n)
 		}
 		return false, nil
 	}

@@ -142,6 +142,14 @@ func TestDaemonEndToEnd(t *testing.T) {
 		len(s1.LUNs) != 1 || s1.LUNs[0] != 1 {
 		t.Fatalf("session of t1: %+v (wrote %d bytes)", s1, written)
 	}
+	// The initiator side counts the same data: at least what went through the export (the
+	// whole image was read back by verifyAll).
+	var c1 ctlapi.ConnectionInfo
+	mustSrpctl(t, sock, &c1, "-o", "json", "connections", "c1")
+	if c1.Stats.WriteBytes < uint64(written) || c1.Stats.ReadBytes < uint64(imgSize) {
+		t.Fatalf("connection c1 counts %d bytes written, %d read; want at least %d and %d", c1.Stats.WriteBytes,
+			c1.Stats.ReadBytes, written, imgSize)
+	}
 	var s2 ctlapi.SessionInfo
 	waitFor(t, 30*time.Second, "c2's session on t2", func() bool {
 		var l ctlapi.SessionList

@@ -183,14 +183,7 @@ func (c *connRT) endSession(s *initiator.Session) {
 		c.sess = nil
 		c.connectedAt = time.Time{}
 	}
-	r := &c.retired
-	r.Commands += st.Commands
-	r.Retries += st.Retries
-	r.Timeouts += st.Timeouts
-	r.Aborts += st.Aborts
-	r.TaskMgmt += st.TaskMgmt
-	r.Reconnects += st.Reconnects
-	r.CreditWaits += st.CreditWaits
+	addStats(&c.retired, st)
 	c.mu.Unlock()
 }
 
@@ -358,6 +351,19 @@ func stateOf(s initiator.State) string {
 	return ctlapi.StateDisconnected
 }
 
+// addStats adds the counters the daemon reports of s to dst.
+func addStats(dst *initiator.Stats, s initiator.Stats) {
+	dst.Commands += s.Commands
+	dst.Retries += s.Retries
+	dst.Timeouts += s.Timeouts
+	dst.Aborts += s.Aborts
+	dst.TaskMgmt += s.TaskMgmt
+	dst.Reconnects += s.Reconnects
+	dst.CreditWaits += s.CreditWaits
+	dst.BytesRead += s.BytesRead
+	dst.BytesWritten += s.BytesWritten
+}
+
 // stats sums the counters of the current and past sessions.
 func (c *connRT) stats() (initiator.Stats, *initiator.Session) {
 	c.mu.Lock()
@@ -365,13 +371,7 @@ func (c *connRT) stats() (initiator.Stats, *initiator.Session) {
 	c.mu.Unlock()
 	if sess != nil {
 		s := sess.Stats()
-		st.Commands += s.Commands
-		st.Retries += s.Retries
-		st.Timeouts += s.Timeouts
-		st.Aborts += s.Aborts
-		st.TaskMgmt += s.TaskMgmt
-		st.Reconnects += s.Reconnects
-		st.CreditWaits += s.CreditWaits
+		addStats(&st, s)
 		st.LiveChannels = s.LiveChannels
 	}
 	return st, sess
@@ -385,7 +385,7 @@ func (c *connRT) info() ctlapi.ConnectionInfo {
 		Name: c.cfg.Name, Address: net.JoinHostPort(c.cfg.Address, strconv.Itoa(c.cfg.Port)), TargetPortID: c.cfg.TargetPortID,
 		State: ctlapi.StateConnecting, Error: c.lastErr, QueueDepth: c.cfg.QueueDepth, FailedReconnects: c.failed,
 		ConnectedAt: c.connectedAt, Config: c.cfg, LUNs: []ctlapi.RemoteLUN{},
-		Stats: ctlapi.IOStats{Commands: st.Commands, Errors: st.Timeouts, TaskMgmt: st.TaskMgmt, CreditStalls: st.CreditWaits},
+		Stats: ctlapi.IOStats{Commands: st.Commands, ReadBytes: st.BytesRead, WriteBytes: st.BytesWritten, Errors: st.Timeouts, TaskMgmt: st.TaskMgmt, CreditStalls: st.CreditWaits},
 	}
 	if sess == nil {
 		var guid uint64

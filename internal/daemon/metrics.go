@@ -147,6 +147,8 @@ func (d *Daemon) collect() *expo {
 		e.counter("srpd_connection_task_mgmt_total", "Task management functions sent.", st.TaskMgmt, l...)
 		e.counter("srpd_connection_reconnects_total", "Channel reconnections.", st.Reconnects, l...)
 		e.counter("srpd_connection_credit_waits_total", "Submissions that waited for SRP credits.", st.CreditWaits, l...)
+		e.counter("srpd_connection_read_bytes_total", "Data-in bytes of reads that completed GOOD.", st.BytesRead, l...)
+		e.counter("srpd_connection_write_bytes_total", "Data-out bytes of writes that completed GOOD.", st.BytesWritten, l...)
 		for _, x := range exps {
 			ls := []string{"connection", name, "lun", strconv.Itoa(x.lun)}
 			if x.srv != nil {

@@ -31,9 +31,11 @@
 #   bench/bench.sh nbd            # make bench-nbd
 #   bench/bench.sh mem            # make bench-mem
 #   RUNTIME=5 SIZE=256m bench/bench.sh nbd
+#   REPEAT=3 bench/bench.sh nbd   # three interleaved rounds, medians in the summary
 #   PROFILE=1 bench/bench.sh nbd  # CPU profiles of our processes, top functions printed
 #
-# Environment: RUNTIME (s per fio job, 10), RAMP (s, 1), SIZE (export size, 1g), QDS ("32 1"),
+# Environment: RUNTIME (s per fio job, 10), REPEAT (rounds of all jobs, interleaved; the summary
+# gives medians; 1), RAMP (s, 1), SIZE (export size, 1g), QDS ("32 1"),
 # CHANNELS (2), INI_QD (initiator queue depth per channel, 64), OURS (our set-ups, each run in
 # the same run as its own processes: MODE[:GOMAXPROCS], MODE local (column ours) or split (column
 # ours-2proc), GOMAXPROCS N adds -gmpN to the column (default: Go's, the number of CPUs); default
@@ -46,6 +48,7 @@
 set -euo pipefail
 
 RUNTIME=${RUNTIME:-10}
+REPEAT=${REPEAT:-1}
 RAMP=${RAMP:-1}
 SIZE=${SIZE:-1g}
 QDS=${QDS:-"32 1"}
@@ -238,9 +241,15 @@ nbd_section() {
   for qd in $QDS; do
     jobs+=("seqread-128k-qd$qd read 128k $qd MiB/s" "seqwrite-128k-qd$qd write 128k $qd MiB/s" "randread-4k-qd$qd randread 4k $qd IOPS")
   done
-  declare -A val lat p99 cpu
-  local unit
+  declare -A val lat p99 cpu rval rlat rp99 rcpu
+  local unit rep
   ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat"))); done; echo "$t"; }
+  # The median of a space-separated list of numbers.
+  median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+  # REPEAT rounds of every job against every server, interleaved (the machine's load drifts
+  # over minutes); the summary takes each figure's median over the rounds.
+  for rep in $(seq 1 "$REPEAT"); do
+  [[ $REPEAT -gt 1 ]] && echo "== round $rep of $REPEAT"
   for j in "${jobs[@]}"; do
     read -r name rw bs qd unit <<<"$j"
     dir=read; [[ $rw == *write* ]] && dir=write
@@ -270,12 +279,26 @@ nbd_section() {
       fi
       printf '%-20s %-10s %10.1f %-5s  mean %9.1f us  p99 %9.1f us%s\n' "$name" "$s" "${val[$name.$s]}" "$unit" \
         "${lat[$name.$s]}" "${p99[$name.$s]}" "$extra"
+      rval[$name.$s]+=" ${val[$name.$s]}"
+      rlat[$name.$s]+=" ${lat[$name.$s]}"
+      rp99[$name.$s]+=" ${p99[$name.$s]}"
+      [[ -n $c0 ]] && rcpu[$name.$s]+=" ${cpu[$name.$s]}"
+    done
+  done
+  done
+  for j in "${jobs[@]}"; do
+    read -r name _ _ _ _ <<<"$j"
+    for s in "${servers[@]}"; do
+      val[$name.$s]=$(median "${rval[$name.$s]}")
+      lat[$name.$s]=$(median "${rlat[$name.$s]}")
+      p99[$name.$s]=$(median "${rp99[$name.$s]}")
+      [[ -n ${rcpu[$name.$s]:-} ]] && cpu[$name.$s]=$(median "${rcpu[$name.$s]}")
     done
   done
 
   ratio() { jq -n "if $2 == 0 then 0 else $1 / $2 end"; }
   echo
-  echo "== NBD summary: fio nbd engine, unix sockets, ${RUNTIME}s per job, export $SIZE, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "== NBD summary: fio nbd engine, unix sockets, ${RUNTIME}s per job, export $SIZE, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)$([[ $REPEAT -gt 1 ]] && echo ", median of $REPEAT rounds")"
   local hdr row o
   hdr=$(printf '%-20s %-6s |' job unit)
   for s in "${servers[@]}"; do hdr+=$(printf ' %10s' "$s"); done

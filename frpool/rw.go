@@ -275,7 +275,12 @@ func (p *Pool) buildWaveLocked(c *RWCtx, from, to int, resp *transport.SendWR) i
 
 // waveDoneLocked runs when the last WR of a wave of c is retired: post the next wave, or finish.
 func (p *Pool) waveDoneLocked(c *RWCtx) {
-	if c.err == nil && c.next < c.nwr && p.qpErr == nil {
+	if c.err == nil && c.next < c.nwr && p.qpErr != nil {
+		// Waves are left but the QP went to error (through another WR) while this wave
+		// succeeded: the transfer is incomplete and must not be reported as done.
+		c.err = p.qpErr // wraps ErrQPError
+	}
+	if c.err == nil && c.next < c.nwr {
 		to := min(c.next+c.wave, c.nwr)
 		n := p.buildWaveLocked(c, c.next, to, nil)
 		// The slots were reserved at PostRW: every other post leaves reserved+1 slots free.

@@ -294,3 +294,28 @@ func TestRWRecoverFailsOutstanding(t *testing.T) {
 		t.Fatalf("re-post after recovery: %v", err)
 	}
 }
+
+// TestRWQPErrorBetweenWaves: a READ transfer whose wave succeeds after the QP went to error
+// (through another work request) has waves left that will never be posted: it ends with
+// ErrQPError, not as a success with part of its data missing.
+func TestRWQPErrorBetweenWaves(t *testing.T) {
+	e := newRWEnv(t, Config{MaxRdAtomic: 1, PeerMaxMsg: 100})
+	c := e.p.NewRWCtx(8, 8)
+	if n, err := c.Init(RWRead, []transport.SGE{{Addr: e.mem.Addr(), Length: 300}},
+		[]RemoteSeg{{Addr: e.peerMem.Addr(), RKey: e.rkey, Len: 300}}); err != nil || n != 3 {
+		t.Fatalf("n %d err %v", n, err)
+	}
+	rec := &rwRecorder{}
+	if err := e.p.PostRW(c, nil, rec); err != nil {
+		t.Fatal(err)
+	}
+	e.execAll()                          // the first wave's READ succeeds...
+	e.p.HandleQPError(errors.New("cqe")) // ...but the QP fails before its completion is seen
+	e.deliver()
+	if len(rec.done) != 1 || !errors.Is(rec.done[0], ErrQPError) {
+		t.Fatalf("done %v, want one ErrQPError", rec.done)
+	}
+	if e.p.reserved != 0 {
+		t.Fatalf("reserved %d", e.p.reserved)
+	}
+}

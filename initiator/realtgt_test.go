@@ -41,22 +41,7 @@ type realEnv struct {
 
 func newRealEnv(t testing.TB, udp bool, pc link.PipeConfig, lim target.Limits, nLUNs int, lunSize int64) *realEnv {
 	e := &realEnv{t: t, lim: lim, udp: udp}
-	for i := 0; i < nLUNs; i++ {
-		ram, err := backend.NewRAM(lunSize, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := scsi.NewLUN(scsi.LUNConfig{Serial: fmt.Sprintf("real-lun-%d", i)}, ram)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.luns = append(e.luns, l)
-	}
-	t.Cleanup(func() {
-		for _, l := range e.luns {
-			l.Close()
-		}
-	})
+	e.addRAMLUNs(nLUNs, lunSize, "real")
 	if udp {
 		la, err := link.ListenUDP(context.Background(), netip.MustParseAddrPort("127.0.0.1:0"), link.UDPOptions{})
 		if err != nil {
@@ -74,15 +59,15 @@ func newRealEnv(t testing.TB, udp bool, pc link.PipeConfig, lim target.Limits, n
 	return e
 }
 
-// newLocalEnv is newRealEnv with the target on the initiator's device (UDP on 127.0.0.1).
-func newLocalEnv(t testing.TB, lim target.Limits, nLUNs int, lunSize int64) *realEnv {
-	e := &realEnv{t: t, lim: lim, local: true}
-	for i := 0; i < nLUNs; i++ {
-		ram, err := backend.NewRAM(lunSize, false)
+// addRAMLUNs gives the target n RAM LUNs of size bytes, closed when the test ends.
+func (e *realEnv) addRAMLUNs(n int, size int64, serial string) {
+	t := e.t
+	for i := 0; i < n; i++ {
+		ram, err := backend.NewRAM(size, false)
 		if err != nil {
 			t.Fatal(err)
 		}
-		l, err := scsi.NewLUN(scsi.LUNConfig{Serial: fmt.Sprintf("local-lun-%d", i)}, ram)
+		l, err := scsi.NewLUN(scsi.LUNConfig{Serial: fmt.Sprintf("%s-lun-%d", serial, i)}, ram)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,6 +78,12 @@ func newLocalEnv(t testing.TB, lim target.Limits, nLUNs int, lunSize int64) *rea
 			l.Close()
 		}
 	})
+}
+
+// newLocalEnv is newRealEnv with the target on the initiator's device (UDP on 127.0.0.1).
+func newLocalEnv(t testing.TB, lim target.Limits, nLUNs int, lunSize int64) *realEnv {
+	e := &realEnv{t: t, lim: lim, local: true}
+	e.addRAMLUNs(nLUNs, lunSize, "local")
 	la, err := link.ListenUDP(context.Background(), netip.MustParseAddrPort("127.0.0.1:0"), link.UDPOptions{})
 	if err != nil {
 		t.Skipf("SKIPPED: UDP loopback unavailable: %v", err)

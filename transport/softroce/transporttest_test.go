@@ -23,7 +23,14 @@ var quickCM = cm.Config{PacketLifeTime: 9, CMResponseTimeout: 14, AckDelay: 12, 
 
 func openDev(t *testing.T, lnk link.Link, name string) *softroce.Device {
 	t.Helper()
-	d, err := softroce.Open(softroce.Config{Link: lnk, Name: name})
+	return openDevConfig(t, softroce.Config{Link: lnk, Name: name})
+}
+
+// openDevConfig opens a device with cfg and quickCM, closed when the test ends.
+func openDevConfig(t *testing.T, cfg softroce.Config) *softroce.Device {
+	t.Helper()
+	name := cfg.Name
+	d, err := softroce.Open(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,20 +111,7 @@ func loopFactory(noLoopback bool) transporttest.Factory {
 		if err != nil {
 			t.Skipf("SKIPPED: no UDP link on 127.0.0.1: %v", err)
 		}
-		d, err := softroce.Open(softroce.Config{Link: l, Name: "loop", NoLoopback: noLoopback})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := d.Close(ctx); err != nil && !errors.Is(err, transport.ErrClosed) {
-				t.Errorf("close: %v", err)
-			}
-		})
-		if err := d.ConfigureCM(quickCM); err != nil {
-			t.Fatal(err)
-		}
+		d := openDevConfig(t, softroce.Config{Link: l, Name: "loop", NoLoopback: noLoopback})
 		t.Cleanup(func() { // runs before the Close above
 			s := d.Stats()
 			if noLoopback {

@@ -55,7 +55,11 @@ func TestReconnectCrash(t *testing.T) {
 		for i := 0; i < 3; i++ {
 			time.Sleep(300 * time.Millisecond)
 			e.tgt.kill()
-			time.Sleep(200 * time.Millisecond)
+			// Restart only once a channel has seen the crash: a restart before any channel
+			// noticed would leave LiveChannels at 2 and the next kill would fold two crashes
+			// into one recovery (2 reconnects for 3 kills on a loaded CI machine).
+			waitFor(t, "a channel to fail", 20*time.Second, func() bool { return s.Stats().LiveChannels < 2 })
+			time.Sleep(100 * time.Millisecond)
 			e.tgt.restart()
 			waitFor(t, "reconnected", 10*time.Second, func() bool { return s.Stats().LiveChannels == 2 })
 		}

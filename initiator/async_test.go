@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/target"
 	"github.com/srpd/srpd/transport/softroce/link"
 )
@@ -308,8 +309,22 @@ func TestByteCounters(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.ReadAt(ctx, buf[:4096], l.Size()); err == nil { // beyond the end: refused
-		t.Fatal("read beyond the LUN's end succeeded")
+	// Commands the target fails (a medium error on every READ(16) and WRITE(16)) count nothing.
+	e.tgt.mu.Lock()
+	e.tgt.refuse = func(cdb []byte) *scsi.Sense {
+		if cdb[0] == opRead16 || cdb[0] == opWrite16 {
+			return &scsi.Sense{Key: scsi.MediumError, ASC: 0x11}
+		}
+		return nil
+	}
+	e.tgt.mu.Unlock()
+	if err := l.ReadAt(ctx, buf[:4096], 0); !errors.Is(err, ErrMediumError) {
+		t.Fatalf("refused read: %v, want a medium error", err)
+	}
+	if err := asyncWait(t, 20*time.Second, func(done func(error)) {
+		l.WriteAtAsync(ctx, buf[:4096], 0, false, done)
+	}); !errors.Is(err, ErrMediumError) {
+		t.Fatalf("refused async write: %v, want a medium error", err)
 	}
 	st := s.Stats()
 	if st.BytesWritten != 64<<10+4096 || st.BytesRead != 8192+512 {

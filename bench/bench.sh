@@ -35,7 +35,8 @@
 #   PROFILE=1 bench/bench.sh nbd  # CPU profiles of our processes, top functions printed
 #
 # Environment: RUNTIME (s per fio job, 10), REPEAT (rounds of all jobs, interleaved; the summary
-# gives medians; 1), RAMP (s, 1), SIZE (export size, 1g), QDS ("32 1"),
+# gives medians; 1), RAMP (s, 1), SIZE (export size, 1g), QDS ("32 1"), JOBS (words; only the
+# jobs whose name contains one of them, e.g. "randread 128k-qd1"; default all),
 # CHANNELS (2), INI_QD (initiator queue depth per channel, 64), OURS (our set-ups, each run in
 # the same run as its own processes: MODE[:GOMAXPROCS], MODE local (column ours) or split (column
 # ours-2proc), GOMAXPROCS N adds -gmpN to the column (default: Go's, the number of CPUs); default
@@ -52,6 +53,7 @@ REPEAT=${REPEAT:-1}
 RAMP=${RAMP:-1}
 SIZE=${SIZE:-1g}
 QDS=${QDS:-"32 1"}
+JOBS=${JOBS:-}
 CHANNELS=${CHANNELS:-2}
 INI_QD=${INI_QD:-64}
 OURS=${OURS:-"local split"}
@@ -241,6 +243,14 @@ nbd_section() {
   for qd in $QDS; do
     jobs+=("seqread-128k-qd$qd read 128k $qd MiB/s" "seqwrite-128k-qd$qd write 128k $qd MiB/s" "randread-4k-qd$qd randread 4k $qd IOPS")
   done
+  if [[ -n $JOBS ]]; then
+    local keep=() pat
+    for j in "${jobs[@]}"; do
+      for pat in $JOBS; do [[ ${j%% *} == *"$pat"* ]] && { keep+=("$j"); break; }; done
+    done
+    [[ ${#keep[@]} -gt 0 ]] || { echo "bench.sh: JOBS=$JOBS matches no job" >&2; exit 2; }
+    jobs=("${keep[@]}")
+  fi
   declare -A val lat p99 cpu rval rlat rp99 rcpu
   local unit rep
   ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat"))); done; echo "$t"; }

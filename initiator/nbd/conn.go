@@ -94,10 +94,18 @@ type conn struct {
 	// Replies are written by whichever worker finds no write in progress (flat combining):
 	// it sends every queued reply with one writev, then releases their requests, and loops
 	// while more arrive; the other workers queue their reply and go on to the next request.
+	//
+	// While the reader is posting requests it already has in its buffer (held), replies are
+	// only queued: the reader writes them all with one writev before it next waits for
+	// anything (flushHeld), so that at queue depth 32 a batch of requests read with one read
+	// is answered with one writev, not one per request (each a wake-up of the client). At
+	// queue depth 1 the next request is never buffered and nothing is held.
 	rmu      sync.Mutex
 	rq       []*request // replies waiting to be written
 	rspare   []*request // the other batch slice, swapped with rq
 	writing  bool
+	held     bool   // the reader will write rq before it waits (rdMu held)
+	flushFn  func() // flushHeld, as one func value for bufPool.get
 	iov      net.Buffers
 	iovStore [][]byte
 	broken   atomic.Bool
@@ -133,7 +141,7 @@ func newConn(s *Server, base context.Context, nc net.Conn) *conn {
 	if raw != nil {
 		rd = raw
 	}
-	return &conn{
+	c := &conn{
 		srv:      s,
 		nc:       nc,
 		raw:      raw,
@@ -149,6 +157,8 @@ func newConn(s *Server, base context.Context, nc net.Conn) *conn {
 		winWake:  make(chan struct{}, 1),
 		poolWake: make(chan struct{}, 1),
 	}
+	c.flushFn = c.flushHeld
+	return c
 }
 
 // setReadDeadline sets the read deadline unless the connection is being drained (whose
@@ -263,6 +273,7 @@ func (c *conn) readRequest() (*request, error) {
 	maxReq := uint32(c.srv.cfg.MaxRequestSize)
 	skipLimit := uint64(maxReq) * 4
 	for {
+		c.flushBefore(requestHdrLen)
 		if _, err := io.ReadFull(c.br, c.hdr[:]); err != nil {
 			return nil, c.readErr(err)
 		}
@@ -280,6 +291,7 @@ func (c *conn) readRequest() (*request, error) {
 		select {
 		case r = <-c.free:
 		default:
+			c.flushHeld() // the replies held release requests
 			select {
 			case r = <-c.free:
 			case <-c.stop:
@@ -299,6 +311,7 @@ func (c *conn) readRequest() (*request, error) {
 				c.free <- r
 				return nil, protoErr("WRITE of %d bytes", r.length)
 			}
+			c.flushBefore(int(r.length))
 			if _, err := c.br.Discard(int(r.length)); err != nil {
 				c.free <- r
 				return nil, c.readErr(err)
@@ -308,6 +321,7 @@ func (c *conn) readRequest() (*request, error) {
 				c.free <- r
 				return nil, errStopped
 			}
+			c.flushBefore(int(r.length))
 			if _, err := io.ReadFull(c.br, r.buf.payload(int(r.length))); err != nil {
 				c.release(r)
 				return nil, c.readErr(err)
@@ -384,6 +398,7 @@ func (c *conn) acquire(r *request) bool {
 		if cur == 0 || cur+size <= c.winLimit {
 			break
 		}
+		c.flushHeld() // the replies held free window
 		select {
 		case <-c.winWake:
 		case <-c.stop:
@@ -391,7 +406,7 @@ func (c *conn) acquire(r *request) bool {
 		}
 	}
 	c.winBytes.Add(size)
-	b := c.srv.pool.get(n, c.poolWake, c.stop)
+	b := c.srv.pool.get(n, c.poolWake, c.stop, c.flushFn)
 	if b == nil {
 		c.winBytes.Add(-size)
 		return false
@@ -435,6 +450,7 @@ func (c *conn) worker() {
 				if err != errDisc {
 					c.rdErr = err
 				}
+				c.flushHeld()
 				c.rdMu.Unlock()
 				return
 			}
@@ -445,6 +461,7 @@ func (c *conn) worker() {
 				break
 			}
 		}
+		c.flushHeld()
 		c.rdMu.Unlock()
 		c.serve(r)
 	}
@@ -457,6 +474,12 @@ func (c *conn) postAsync(r *request) bool {
 	}
 	r.async = true
 	c.asyncWG.Add(1)
+	if !c.held {
+		// Only the reader sets held, so the unlocked read is its own value.
+		c.rmu.Lock()
+		c.held = true
+		c.rmu.Unlock()
+	}
 	p := r.buf.payload(int(r.length))
 	if r.typ == cmdRead {
 		c.adev.ReadAtAsync(c.ctx, p, int64(r.off), r.afn)
@@ -492,12 +515,41 @@ func (c *conn) send(r *request) { c.sendMsg(r, true) }
 func (c *conn) sendMsg(r *request, mayBlock bool) {
 	c.rmu.Lock()
 	c.rq = append(c.rq, r)
-	if c.writing {
+	if c.writing || (c.held && len(c.rq) < maxHeldReplies) {
 		c.rmu.Unlock()
 		return
 	}
 	c.writing = true
 	c.writeLoop(mayBlock)
+}
+
+// maxHeldReplies bounds the replies held for the reader's next flush (held): one writev's
+// worth (rawio.go maxIOV allows more).
+const maxHeldReplies = 64
+
+// flushBefore is flushHeld unless the reader's buffer already holds n bytes: reading them
+// will not wait.
+func (c *conn) flushBefore(n int) {
+	if c.held && c.br.Buffered() < n {
+		c.flushHeld()
+	}
+}
+
+// flushHeld ends held (rdMu held): the queued replies are written now (without waiting for
+// a full socket: what does not fit is left to a goroutine, as from a completion) unless a
+// write is in progress, whose writer takes them.
+func (c *conn) flushHeld() {
+	if !c.held {
+		return
+	}
+	c.rmu.Lock()
+	c.held = false
+	if c.writing || len(c.rq) == 0 {
+		c.rmu.Unlock()
+		return
+	}
+	c.writing = true
+	c.writeLoop(false)
 }
 
 // writeLoop writes the queued replies in batches until none is left (rmu held, writing set;

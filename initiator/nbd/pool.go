@@ -47,8 +47,9 @@ func classBytes(c int) int64 { return 1 << (minBufShift + c) }
 
 // get returns a buffer of at least n (1 ≤ n ≤ the pool's maximum) bytes. When the budget is
 // used up it waits, registering wake (a channel with capacity 1 owned by the caller) for a put,
-// until stop is closed; then it returns nil.
-func (p *bufPool) get(n int, wake chan struct{}, stop <-chan struct{}) *buffer {
+// until stop is closed; then it returns nil. beforeWait, if not nil, is called before each
+// wait (the caller's chance to give back what it holds).
+func (p *bufPool) get(n int, wake chan struct{}, stop <-chan struct{}, beforeWait func()) *buffer {
 	c := sizeClass(n)
 	size := classBytes(c)
 	for {
@@ -76,6 +77,9 @@ func (p *bufPool) get(n int, wake chan struct{}, stop <-chan struct{}) *buffer {
 		}
 		p.waiters = append(p.waiters, wake)
 		p.mu.Unlock()
+		if beforeWait != nil {
+			beforeWait()
+		}
 		select {
 		case <-wake:
 		case <-stop:

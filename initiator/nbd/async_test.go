@@ -140,3 +140,91 @@ func TestAsyncDevice(t *testing.T) {
 		t.Fatal("the server did not stop")
 	}
 }
+
+// inlineRAM is an AsyncDevice that completes every request inside ReadAtAsync/WriteAtAsync,
+// on the reader's goroutine, as the SRP initiator does when the target is on its own softroce
+// device (transport.Progresser).
+type inlineRAM struct{ *ramDevice }
+
+func (a inlineRAM) ReadAtAsync(ctx context.Context, p []byte, off int64, done func(error)) {
+	done(a.ReadAt(ctx, p, off))
+}
+
+func (a inlineRAM) WriteAtAsync(ctx context.Context, p []byte, off int64, fua bool, done func(error)) {
+	done(a.WriteAt(ctx, p, off, fua))
+}
+
+func (a inlineRAM) AsyncError(err error, write bool) error { return err }
+
+// TestHeldReplies: replies to requests the reader already had in its buffer are written
+// together, before the reader next waits. A burst of 32 reads sent with one write is answered
+// with far fewer writes than replies (one per reply without holding), every reply correct.
+// And the reader never waits with replies held: with fewer request slots than the burst
+// (MaxInFlight), a connection window (ConnMaxInFlightBytes) or a server buffer budget
+// (MaxInFlightBytes) smaller than it, each of which the held replies themselves occupy, the
+// burst is still answered in full (without the flush before those waits, it hangs).
+func TestHeldReplies(t *testing.T) {
+	const n, size = 32, 4096
+	for _, tc := range []struct {
+		name     string
+		cfg      Config
+		maxWrite uint64 // most reply writes allowed for the burst
+	}{
+		{"burst", Config{}, n / 4},
+		{"few-slots", Config{MaxInFlight: 4}, n},
+		{"small-window", Config{ConnMaxInFlightBytes: 3 * size}, n},
+		{"small-budget", Config{MaxInFlightBytes: 2 * size, ConnMaxInFlightBytes: 2 * size}, n},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			disk := newRAM(testSize, testBS)
+			disk.fill(0, pattern(5, testSize))
+			ts := startServer(t, tc.cfg, map[string]Device{"disk": inlineRAM{disk}})
+			c := dialUnix(t, ts.sock)
+			c.connect("disk", false)
+			c.nc.SetDeadline(time.Now().Add(10 * time.Second))
+			var burst []byte
+			c.mu.Lock()
+			for h := uint64(0); h < n; h++ {
+				c.pending[h] = size
+				burst = append(burst, encodeRequest(cmdRead, 0, h, h*size*3%testSize, size, nil)...)
+			}
+			c.mu.Unlock()
+			// A write in the burst, with its payload (at blocks no read of the burst reads): the
+			// reader holds replies across it.
+			w := pattern(6, 2*size)
+			burst = append(burst, encodeRequest(cmdWrite, 0, n, size, uint32(len(w)), w)...)
+			c.write(burst)
+			seen := map[uint64]bool{}
+			for i := 0; i <= n; i++ {
+				r := c.mustReply()
+				if r.errno != 0 || seen[r.handle] {
+					t.Fatalf("reply %d: errno %v, duplicate %v", r.handle, r.errno, seen[r.handle])
+				}
+				seen[r.handle] = true
+				if r.handle < n && !bytes.Equal(r.data, disk.snapshot(int64(r.handle*size*3%testSize), size)) {
+					t.Fatalf("reply %d: wrong data", r.handle)
+				}
+			}
+			if !bytes.Equal(disk.snapshot(size, int64(len(w))), w) {
+				t.Fatal("the write in the burst did not land")
+			}
+			// A request on its own is answered at once (nothing is held for a next one).
+			if r := c.do(cmdRead, 0, size, size, nil); r.errno != 0 || !bytes.Equal(r.data, w[:size]) {
+				t.Fatalf("single read: errno %v", r.errno)
+			}
+			st := ts.Stats()
+			if len(st.Conns) != 1 {
+				t.Fatalf("%d connections in the stats", len(st.Conns))
+			}
+			cs := st.Conns[0].Counters
+			if cs.Requests != n+2 {
+				t.Fatalf("%d requests counted, want %d", cs.Requests, n+2)
+			}
+			// The single read's reply is one write of its own.
+			if cs.ReplyWrites < 2 || cs.ReplyWrites-1 > tc.maxWrite {
+				t.Fatalf("the burst of %d replies took %d writes, want at most %d", n+1, cs.ReplyWrites-1, tc.maxWrite)
+			}
+			t.Logf("%d replies in %d writes", cs.Requests, cs.ReplyWrites)
+		})
+	}
+}

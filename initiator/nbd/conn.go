@@ -565,6 +565,7 @@ func (c *conn) writeLoop(mayBlock bool) {
 				c.iov = append(c.iov, q.out)
 			}
 			c.iovStore = c.iov[:0]
+			c.counters.replyWrites.Add(1)
 			var err error
 			if c.raw != nil {
 				var more bool

@@ -21,6 +21,9 @@ type Counters struct {
 	BytesRead    uint64 // payload bytes sent in successful READ replies
 	BytesWritten uint64 // payload bytes of successful WRITEs
 	Errors       uint64
+	// ReplyWrites counts the socket writes that carried replies (one writev carries every
+	// reply queued when it starts): Requests / ReplyWrites is the replies per write.
+	ReplyWrites uint64
 }
 
 func (c *Counters) add(o Counters) {
@@ -35,12 +38,13 @@ func (c *Counters) add(o Counters) {
 	c.BytesRead += o.BytesRead
 	c.BytesWritten += o.BytesWritten
 	c.Errors += o.Errors
+	c.ReplyWrites += o.ReplyWrites
 }
 
 // counters is the live, atomically updated form of Counters.
 type counters struct {
 	requests, reads, writes, flushes, trims, zeroes, caches, invalid atomic.Uint64
-	bytesRead, bytesWritten, errors                                  atomic.Uint64
+	bytesRead, bytesWritten, errors, replyWrites                     atomic.Uint64
 }
 
 func (c *counters) snapshot() Counters {
@@ -56,6 +60,7 @@ func (c *counters) snapshot() Counters {
 		BytesRead:    c.bytesRead.Load(),
 		BytesWritten: c.bytesWritten.Load(),
 		Errors:       c.errors.Load(),
+		ReplyWrites:  c.replyWrites.Load(),
 	}
 }
 

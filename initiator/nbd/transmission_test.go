@@ -529,7 +529,7 @@ func TestStatsCounters(t *testing.T) {
 	c.do(cmdRead, 0, testSize, 512, nil) // EINVAL
 	c.do(99, 0, 0, 0, nil)               // EINVAL
 	want := Counters{Requests: 8, Reads: 2, Writes: 1, Flushes: 1, Trims: 1, WriteZeroes: 1, Caches: 1, Invalid: 1,
-		BytesRead: 4096, BytesWritten: 1024, Errors: 2}
+		BytesRead: 4096, BytesWritten: 1024, Errors: 2, ReplyWrites: 8} // one request at a time: a write each
 	// A reply can reach the client before its writer has released the request.
 	waitFor(t, "no request in flight", func() bool {
 		st := f.ts.Stats()

@@ -474,11 +474,19 @@ func (c *conn) postAsync(r *request) bool {
 	}
 	r.async = true
 	c.asyncWG.Add(1)
-	if !c.held {
-		// Only the reader sets held, so the unlocked read is its own value.
-		c.rmu.Lock()
-		c.held = true
-		c.rmu.Unlock()
+	// Hold the replies while the next request is already here; the last request of a batch
+	// writes what is held first, and its own reply goes out from its completion at once (at
+	// queue depth 1, before the device's work after the completion: with the target on the
+	// same softroce device, its send completions and the ACKs run on this goroutine after it).
+	// Only the reader sets held, so the unlocked reads are of its own value.
+	if c.br.Buffered() >= requestHdrLen {
+		if !c.held {
+			c.rmu.Lock()
+			c.held = true
+			c.rmu.Unlock()
+		}
+	} else {
+		c.flushHeld()
 	}
 	p := r.buf.payload(int(r.length))
 	if r.typ == cmdRead {

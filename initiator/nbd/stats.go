@@ -21,8 +21,9 @@ type Counters struct {
 	BytesRead    uint64 // payload bytes sent in successful READ replies
 	BytesWritten uint64 // payload bytes of successful WRITEs
 	Errors       uint64
-	// ReplyWrites counts the socket writes that carried replies (one writev carries every
-	// reply queued when it starts): Requests / ReplyWrites is the replies per write.
+	// ReplyWrites counts the batches of replies written: a batch is every reply queued when
+	// its write starts, sent with one writev unless the socket takes it only in parts.
+	// Requests / ReplyWrites is the replies per batch.
 	ReplyWrites uint64
 }
 

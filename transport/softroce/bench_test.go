@@ -35,6 +35,12 @@ func BenchmarkLoopback(b *testing.B) {
 		b.Run("WriteGSO/"+fmtSize(size), func(b *testing.B) { benchRDMA(b, size, transport.WRRDMAWrite, off) })
 		b.Run("ReadGSO/"+fmtSize(size), func(b *testing.B) { benchRDMA(b, size, transport.WRRDMARead, off) })
 	}
+	// Two QPs of one device: the packets take the device's loopback path (loop.go), not the
+	// link; 128 KiB is the I/O size of the SRP benchmarks.
+	for _, size := range []int{128 << 10} {
+		b.Run("LoopWrite/"+fmtSize(size), func(b *testing.B) { benchLoop(b, size, transport.WRRDMAWrite) })
+		b.Run("LoopRead/"+fmtSize(size), func(b *testing.B) { benchLoop(b, size, transport.WRRDMARead) })
+	}
 }
 
 func mbps(b *testing.B, bytes int64, d time.Duration) {
@@ -57,6 +63,25 @@ func benchRDMA(b *testing.B, size int, op transport.WROpcode, lo link.UDPOptions
 	o := nodeOpts{memSize: 2 * benchDepth * size, sqDepth: 64, cqDepth: 256}
 	na, nb := newNode(b, la, o), newNode(b, lb, o)
 	defer func() { na.close(); nb.close() }()
+	benchRun(b, na, nb, size, op)
+}
+
+// benchLoop is benchRDMA between two QPs of one device (over an in-memory link that carries
+// nothing): the loopback path.
+func benchLoop(b *testing.B, size int, op transport.WROpcode) {
+	la, _ := link.NewPipe(netip.MustParseAddr("10.9.0.1"), netip.MustParseAddr("10.9.0.2"), link.PipeConfig{})
+	o := nodeOpts{memSize: 2 * benchDepth * size, sqDepth: 64, cqDepth: 256}
+	na := newNode(b, la, o)
+	nb := newNodeOn(b, na.dev, o)
+	defer na.close()
+	benchRun(b, na, nb, size, op)
+	if s := na.dev.Stats(); s.TxPackets != 0 {
+		b.Fatalf("%d packets went through the link", s.TxPackets)
+	}
+}
+
+// benchRun posts size-byte op WRs from na to nb, benchDepth in flight.
+func benchRun(b *testing.B, na, nb *node, size int, op transport.WROpcode) {
 	connect(na, nb, connOpts{mtu: transport.MTU4096, timeout: 14})
 	wrs := make([]transport.SendWR, benchDepth)
 	sges := make([]transport.SGE, benchDepth)

@@ -38,8 +38,9 @@
 # gives medians; 1), RAMP (s, 1), SIZE (export size, 1g), QDS ("32 1"), JOBS (words; only the
 # jobs whose name contains one of them, e.g. "randread 128k-qd1"; default all),
 # CHANNELS (2), INI_QD (initiator queue depth per channel, 64), OURS (our set-ups, each run in
-# the same run as its own processes: MODE[:GOMAXPROCS], MODE local (column ours) or split (column
-# ours-2proc), GOMAXPROCS N adds -gmpN to the column (default: Go's, the number of CPUs); default
+# the same run as its own processes: MODE[:GOMAXPROCS], MODE local (column ours), localcopy
+# (column ours-copy: local with the NBD buffers on the Go heap, copied through the initiator's
+# slot buffers, as before direct Buffers) or split (column ours-2proc), GOMAXPROCS N adds -gmpN to the column (default: Go's, the number of CPUs); default
 # "local split"), PROFILE, PROFILE_DIR
 # (where to keep the profiles; default: the work directory, removed at exit), MEM_SESSIONS ("1 64"),
 # MEM_QD (128), MEM_IOS (N, 20000), MEM_LUN (64m), MEM_SIZES ("4k,4k,16k,64k"), MEM_WORKERS
@@ -170,9 +171,12 @@ nbd_section() {
     [[ $spec == *:* ]] && g=${spec#*:}
     case $mode in
       local) s=ours ;;
+      localcopy) s=ours-copy ;;
       split) s=ours-2proc ;;
-      *) echo "bench.sh: OURS entry $spec: mode must be local or split" >&2; exit 2 ;;
+      *) echo "bench.sh: OURS entry $spec: mode must be local, localcopy or split" >&2; exit 2 ;;
     esac
+    local bufflag=()
+    [[ $mode == localcopy ]] && bufflag=(-heap-buffers)
     [[ $g == default ]] || s+=-gmp$g
     local genv=()
     [[ $g == default ]] || genv=(GOMAXPROCS=$g)
@@ -183,10 +187,10 @@ nbd_section() {
       iprof=(-cpuprofile "$pdir/$s.initiator.cpu.pprof")
     fi
     local npid
-    if [[ $mode == local ]]; then
+    if [[ $mode == local* ]]; then
       echo "== starting $s: one process, SRP target + SRP initiator + NBD on one softroce device ($CHANNELS channels, QD $INI_QD, GOMAXPROCS $g)"
       env "${genv[@]}" "$bin" nbd -local -lun-size "$SIZE" -target-qd 128 -socket "$work/$s.sock" -ready "$work/$s.nbd.ready" \
-        -channels "$CHANNELS" -qd "$INI_QD" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
+        -channels "$CHANNELS" -qd "$INI_QD" "${bufflag[@]}" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
       npid=$!
       pids+=("$npid")
       wait_file "$work/$s.nbd.ready" "$s.nbd" "$npid"
@@ -327,6 +331,7 @@ nbd_section() {
   done
   for qd in $QDS; do
     name=randread-4k-qd$qd
+    [[ -v "lat[$name.qemu-nbd]" ]] || continue # not among JOBS
     for m in mean p99; do
       row=$(printf '%-20s %-6s |' "$name" "us $m")
       for s in "${servers[@]}"; do
@@ -343,7 +348,7 @@ nbd_section() {
       echo "$row   (lower is better)"
     done
   done
-  if [[ " $QDS " == *" 1 "* && ${#splits[@]} -gt 0 ]]; then
+  if [[ " $QDS " == *" 1 "* && ${#splits[@]} -gt 0 && -v "lat[randread-4k-qd1.qemu-nbd]" ]]; then
     name=randread-4k-qd1
     echo
     echo "== QD1 4 KiB read latency of the split set-ups against a reference: qemu-nbd's latency plus one"

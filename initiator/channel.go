@@ -37,6 +37,9 @@ const (
 	nTargetReqs = 4  // receive buffers beyond commands and TM for CRED_REQ, AER_REQ, T_LOGOUT
 	maxCtrlQ    = 16 // target requests waiting for a free response buffer
 	iuAlign     = 64
+	// maxDirectRepolls bounds the extra polls onCQ makes for the LOCAL_INV completions of
+	// direct commands (Buffer) it has just invalidated.
+	maxDirectRepolls = 2
 
 	// Work-request IDs of the channel's own send WRs (the pool keeps them for us).
 	wrCmd  = uint64(1) << 40
@@ -608,7 +611,7 @@ func (c *channel) post(r *request) (sent bool, err error) {
 		}
 		r.imm = true
 	default:
-		if sp.dir == dirOut {
+		if sp.addr == 0 && sp.dir == dirOut {
 			if sp.zero {
 				clear(r.data[:sp.n])
 			} else {
@@ -619,9 +622,13 @@ func (c *channel) post(r *request) (sent bool, err error) {
 		if k > p.maxDescs || k > len(r.regs) {
 			return false, fmt.Errorf("initiator: %d bytes need %d descriptors, the channel allows %d", sp.n, k, p.maxDescs)
 		}
+		base := r.dAddr
+		if sp.addr != 0 {
+			base = sp.addr // the caller's Buffer, page-aligned like the slot's buffer
+		}
 		for j := 0; j < k; j++ {
 			off := j * c.mrBytes
-			r.segs[0] = frpool.Seg{Addr: r.dAddr + uint64(off), Len: min(c.mrBytes, sp.n-off)}
+			r.segs[0] = frpool.Seg{Addr: base + uint64(off), Len: min(c.mrBytes, sp.n-off)}
 			reg, err := c.pool.TryGet(r.segs[:], r)
 			if err != nil {
 				for i := 0; i < j; i++ {
@@ -666,6 +673,7 @@ func (c *channel) post(r *request) (sent bool, err error) {
 		// The registrations are live from the post on: account for them first.
 		c.mu.Lock()
 		r.nregs, r.pending, r.ungiven = k, k, k
+		r.direct = k > 0 && sp.addr != 0
 		for i := 0; i < k; i++ {
 			r.rel[i], r.given[i] = false, false
 		}
@@ -677,6 +685,7 @@ func (c *channel) post(r *request) (sent bool, err error) {
 	if err != nil {
 		c.mu.Lock()
 		r.nregs, r.pending, r.ungiven = 0, 0, 0
+		r.direct = false
 		c.mu.Unlock()
 		for i := 0; i < k; i++ {
 			_ = c.pool.Cancel(r.regs[i])
@@ -998,6 +1007,7 @@ func (c *channel) onCQ() bool {
 	if !c.serving || c.hErr != nil || len(c.hPend) > 0 || !c.live() {
 		return false
 	}
+	extra := 0
 	for {
 		n := c.cq.Poll(c.hwcs)
 		for i := 0; i < n; i++ {
@@ -1019,11 +1029,17 @@ func (c *channel) onCQ() bool {
 				return false
 			}
 		}
-		if n < len(c.hwcs) {
+		if n == len(c.hwcs) {
+			continue
+		}
+		// A direct command completes only once its LOCAL_INVs are confirmed; posted from
+		// here, they usually execute at once (the engine runs local operations in the post),
+		// so their completions are polled in this call rather than in a later wake-up.
+		if !c.afterBatch() || extra == maxDirectRepolls {
 			break
 		}
+		extra++
 	}
-	c.afterBatch()
 	c.runAsync()
 	c.s.stats.handlerBatches.Add(1)
 	return true
@@ -1177,11 +1193,11 @@ func (c *channel) handleRsp(rsp srp.Rsp) {
 // afterBatch gives back the MR handles of the requests that are over (answered, aborted or
 // reset): one post carries the LOCAL_INVs of every registration still valid; handles whose
 // registration is already dead (remotely invalidated) are only handed back.
-func (c *channel) afterBatch() {
+func (c *channel) afterBatch() (directWait bool) {
 	c.mu.Lock()
 	if len(c.invQ) == 0 {
 		c.mu.Unlock()
-		return
+		return false
 	}
 	reqs := append(c.invWork[:0], c.invQ...)
 	c.invQ = c.invQ[:0]
@@ -1191,6 +1207,7 @@ func (c *channel) afterBatch() {
 		for i := 0; i < r.nregs; i++ {
 			if !r.given[i] && !r.rel[i] {
 				live = append(live, r.regs[i])
+				directWait = directWait || r.direct
 			}
 		}
 	}
@@ -1231,6 +1248,7 @@ func (c *channel) afterBatch() {
 		c.finishLocked(r)
 		c.mu.Unlock()
 	}
+	return directWait && batchOK
 }
 
 // sendCtrl answers a target request (CRED_RSP, AER_RSP). It consumes no credit.
@@ -1430,4 +1448,9 @@ func (c *channel) teardown(cause error) {
 	}
 	c.conn = nil
 	c.events = nil
+	// Answers drained above, and direct commands whose registrations the teardown released,
+	// were queued for runAsync: finish them now, not at the next connection's first batch.
+	c.pollMu.Lock()
+	c.runAsync()
+	c.pollMu.Unlock()
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"go.uber.org/zap"
+
 	"github.com/srpd/srpd/initiator/nbd"
 )
 
@@ -95,3 +97,22 @@ func (d nbdDevice) Size() int64      { return d.l.Size() }
 func (d nbdDevice) BlockSize() int   { return d.l.BlockSize() }
 func (d nbdDevice) ReadOnly() bool   { return d.l.ReadOnly() }
 func (d nbdDevice) CanDiscard() bool { return d.l.CanDiscard() }
+
+// NBDAllocator returns an nbd.Allocator of the session's Buffers, for nbd.Config.Allocator:
+// the NBD server's large request buffers are then memory the session's commands map directly
+// (see Buffer), which saves a copy of every READ's and WRITE's data.
+func NBDAllocator(s *Session) nbd.Allocator { return nbdAllocator{s} }
+
+type nbdAllocator struct{ s *Session }
+
+func (a nbdAllocator) Alloc(n int) ([]byte, func(), error) {
+	b, err := a.s.AllocBuffer(n)
+	if err != nil {
+		return nil, nil, err
+	}
+	return b.Bytes(), func() {
+		if err := b.Free(); err != nil {
+			a.s.log.Warn("freeing an NBD buffer", zap.Error(err))
+		}
+	}, nil
+}

@@ -43,12 +43,25 @@ func runTool(t *testing.T, name string, args ...string) string {
 // serves a LUN of an SRP session (NBDDevice) to the srpd target over softroce.
 func TestNBDExport(t *testing.T) {
 	needTool(t, "qemu-io", "nbdcopy")
+	// heap: request buffers on the Go heap, copied through the slots' buffers; direct: the
+	// session's Buffers (NBDAllocator), mapped for the target without a copy.
+	for _, direct := range []bool{false, true} {
+		name := map[bool]string{false: "heap", true: "direct"}[direct]
+		t.Run(name, func(t *testing.T) { testNBDExport(t, direct) })
+	}
+}
+
+func testNBDExport(t *testing.T, direct bool) {
 	e := newRealEnv(t, false, link.PipeConfig{}, target.Limits{}, 1, 32<<20)
 	cfg := e.config()
 	cfg.ChCount = 2
 	s := e.dial(cfg)
 	l := s.LUNs()[0]
-	srv, err := nbd.NewServer(nbd.Config{Logger: testLogger(t)})
+	ncfg := nbd.Config{Logger: testLogger(t)}
+	if direct {
+		ncfg.Allocator = NBDAllocator(s)
+	}
+	srv, err := nbd.NewServer(ncfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,4 +127,9 @@ func TestNBDExport(t *testing.T) {
 	if err := l.ReadAt(ctxT(t, 10*time.Second), p, 5<<20); err != nil || !bytes.Equal(p, data[5<<20:6<<20]) {
 		t.Fatalf("block API read: %v", err)
 	}
+	st := s.Stats()
+	if direct && st.Direct == 0 || !direct && st.Direct != 0 {
+		t.Fatalf("%d of %d commands mapped NBD buffers directly (direct %v)", st.Direct, st.Commands, direct)
+	}
+	t.Logf("%d of %d commands direct", st.Direct, st.Commands)
 }

@@ -80,6 +80,7 @@ type cmdSpec struct {
 	n       int    // data bytes
 	buf     []byte // caller's data: destination (in) or source (out); nil + zero for zeroes
 	zero    bool   // data-out is n zero bytes
+	addr    uint64 // device address of buf when it lies in a Buffer (mapped directly), else 0
 	lba     uint64 // for errors
 }
 
@@ -146,6 +147,9 @@ type request struct {
 	senseLen int
 	sense    [scsi.MaxSenseLen]byte
 	imm      bool // sent with immediate data
+	// direct: the command's registrations map the caller's buffer (spec.addr), not data: it
+	// is over only once they are dead (finishLocked). Set by post, guarded by ch.mu.
+	direct bool
 }
 
 // BufferReleased implements frpool.BufferOwner: one of the request's registrations is dead
@@ -175,13 +179,15 @@ func (r *request) BufferReleased(reg *frpool.Reg, err error) {
 // command's latency. The slot and its registered buffer are reused only once every buffer is
 // back and every MR handle has been given back to the pool, so the target can never reach a
 // buffer that serves another command. A command ended otherwise (aborted, reset, the channel
-// failed) is over only then, as its registrations may still be live on the device.
+// failed) is over only then, as its registrations may still be live on the device; so is a
+// direct command (its registrations map the caller's Buffer, which goes back to the caller
+// when the command is over).
 func (c *channel) finishLocked(r *request) {
 	if r.state != reqInflight || r.out == outNone {
 		return
 	}
 	released := r.pending == 0 && r.ungiven == 0
-	if !r.signaled && (released || r.out == outRsp) {
+	if !r.signaled && (released || (r.out == outRsp && !r.direct)) {
 		r.signaled = true
 		c.inflight--
 		if c.inflight == 0 && c.reqLim <= 1 {

@@ -64,6 +64,7 @@ type loginParams struct {
 type Stats struct {
 	Commands       uint64 // SCSI commands completed by the target
 	ImmediateData  uint64 // of which writes sent as immediate data
+	Direct         uint64 // of which mapped the caller's Buffer directly (no copy)
 	Retries        uint64 // commands re-issued (channel failure, reset, UNIT ATTENTION, BUSY, ...)
 	UnitAttentions uint64
 	Timeouts       uint64 // commands that timed out
@@ -93,10 +94,10 @@ func (c *counters) countRW(write bool, n int) {
 }
 
 type counters struct {
-	commands, imm, retries, uas, timeouts, aborts, lunResets, taskMgmt atomic.Uint64
-	reconnects, creditWaits, staleRsps, credReqs, aerReqs              atomic.Uint64
-	handlerBatches                                                     atomic.Uint64
-	bytesRead, bytesWritten                                            atomic.Uint64
+	commands, imm, direct, retries, uas, timeouts, aborts, lunResets, taskMgmt atomic.Uint64
+	reconnects, creditWaits, staleRsps, credReqs, aerReqs                      atomic.Uint64
+	handlerBatches                                                             atomic.Uint64
+	bytesRead, bytesWritten                                                    atomic.Uint64
 }
 
 // Session is an SRP initiator session with one target port: ChCount RDMA channels, their
@@ -134,6 +135,8 @@ type Session struct {
 
 	lunMu sync.RWMutex
 	luns  []*LUN
+
+	bufs bufSet // AllocBuffer's Buffers
 }
 
 // Dial creates a session: it logs channel 0 in (negotiating IU lengths and formats down if the
@@ -528,7 +531,7 @@ func (s *Session) InitiatorPortID() srp.PortID { return s.iport }
 func (s *Session) Stats() Stats {
 	c := &s.stats
 	return Stats{
-		Commands: c.commands.Load(), ImmediateData: c.imm.Load(), Retries: c.retries.Load(),
+		Commands: c.commands.Load(), ImmediateData: c.imm.Load(), Direct: c.direct.Load(), Retries: c.retries.Load(),
 		UnitAttentions: c.uas.Load(), Timeouts: c.timeouts.Load(), Aborts: c.aborts.Load(),
 		LUNResets: c.lunResets.Load(), TaskMgmt: c.taskMgmt.Load(), Reconnects: c.reconnects.Load(),
 		CreditWaits: c.creditWaits.Load(), StaleResponses: c.staleRsps.Load(), CredReqs: c.credReqs.Load(),
@@ -660,6 +663,9 @@ func (s *Session) submitAsync(ctx context.Context, j *job, done func(error)) boo
 		s.releaseSlot(r)
 		return false
 	}
+	// p in a Buffer: the command maps it directly (only here: the synchronous path, which
+	// error handling re-runs, always copies through the slot's buffer).
+	j.spec.addr = s.bufs.deviceAddr(j.spec.buf, pageSize)
 	r.async, r.aJob, r.aCtx, r.aDone, r.claimed = true, *j, ctx, done, false
 	r.slow.Store(false)
 	// Armed before the post: the answer may be handled (asyncAnswered claims the deadline)
@@ -696,7 +702,7 @@ func (s *Session) asyncAnswered(r *request) {
 		return
 	}
 	j, done := &r.aJob, r.aDone
-	if !j.write {
+	if !j.write && !r.direct {
 		copy(j.buf[:j.total], r.data[:j.total])
 	}
 	<-r.done // given by finishLocked before it queued r
@@ -704,6 +710,9 @@ func (s *Session) asyncAnswered(r *request) {
 	s.stats.countRW(j.write, j.total)
 	if imm {
 		s.stats.imm.Add(1)
+	}
+	if r.direct {
+		s.stats.direct.Add(1)
 	}
 	r.async, r.aJob, r.aCtx, r.aDone = false, job{}, nil, nil
 	c.doneWith(r)
@@ -1030,7 +1039,7 @@ func (s *Session) await(ctx context.Context, j *job, ck *chunk) (again bool, err
 		// GOOD: move data-in to the caller before the slot goes back (it goes back only once
 		// its registrations are dead: finishLocked).
 		if j.rw {
-			if !j.write {
+			if !j.write && !r.direct { // a direct command's data-in is in j.buf already
 				copy(j.buf[ck.off:ck.off+n], r.data[:n])
 			}
 		} else if j.spec.dir == dirIn {

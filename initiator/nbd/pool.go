@@ -10,7 +10,34 @@ import (
 type buffer struct {
 	b     []byte
 	class int
+	free  func() // gives Allocator memory back; nil for Go heap memory
 }
+
+// release gives the buffer's memory back (Allocator memory at once, the heap's to the GC).
+func (b *buffer) release() {
+	if b.free != nil {
+		b.free()
+		b.free = nil
+	}
+	b.b = nil
+}
+
+// Allocator provides memory the Device reaches without a copy (an RDMA initiator's registered
+// memory: initiator.NBDAllocator) for the server's larger request buffers.
+type Allocator interface {
+	// Alloc returns at least n bytes starting on a page boundary, and the function that gives
+	// them back (called once, when the server no longer needs them).
+	Alloc(n int) (b []byte, free func(), err error)
+}
+
+// allocMinClass is the smallest size class taken from Config.Allocator (32 KiB): below it a
+// copy costs little and the page kept in front of the payload (so that the payload is
+// page-aligned, as the Device's direct mapping needs) would cost a fifth or more of the buffer.
+const allocMinClass = 3
+
+// allocPage is the room kept in front of an Allocator buffer's payload: the reply header sits
+// at its end, the payload starts on the page boundary after it.
+const allocPage = 4096
 
 // payload returns the first n payload bytes.
 func (b *buffer) payload(n int) []byte { return b.b[replyHeadroom : replyHeadroom+n] }
@@ -29,10 +56,50 @@ type bufPool struct {
 	allocated int64
 	free      [][]*buffer // per class, a stack
 	waiters   []chan struct{}
+	alloc     Allocator // nil: every buffer from the heap
+	allocErrs int64     // Allocator failures (the heap served instead)
 }
 
-func newBufPool(budget int64, maxSize int) *bufPool {
-	return &bufPool{budget: budget, free: make([][]*buffer, sizeClass(maxSize)+1)}
+func newBufPool(budget int64, maxSize int, alloc Allocator) *bufPool {
+	return &bufPool{budget: budget, free: make([][]*buffer, sizeClass(maxSize)+1), alloc: alloc}
+}
+
+// newBuffer makes a buffer of class c: from the Allocator for the larger classes (falling
+// back to the heap if it fails), else from the heap.
+func (p *bufPool) newBuffer(c int) *buffer {
+	size := int(classBytes(c))
+	if p.alloc != nil && c >= allocMinClass {
+		m, free, err := p.alloc.Alloc(allocPage + size)
+		if err == nil && len(m) >= allocPage+size {
+			return &buffer{b: m[allocPage-replyHeadroom : allocPage+size : allocPage+size], class: c, free: free}
+		}
+		if err == nil {
+			free()
+		}
+		p.allocErrs++
+	}
+	return &buffer{b: make([]byte, replyHeadroom+size), class: c}
+}
+
+// releaseFree drops the Allocator buffers that are not in use (the server has no connection
+// left, or shuts down): device memory is not kept for a client that may never come back.
+func (p *bufPool) releaseFree() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.free {
+		k := 0
+		for _, b := range p.free[c] {
+			if b.free == nil {
+				p.free[c][k] = b
+				k++
+				continue
+			}
+			b.release()
+			p.allocated -= classBytes(c)
+		}
+		clear(p.free[c][k:])
+		p.free[c] = p.free[c][:k]
+	}
 }
 
 // sizeClass returns the class of an n-byte buffer (n ≥ 1).
@@ -65,6 +132,7 @@ func (p *bufPool) get(n int, wake chan struct{}, stop <-chan struct{}, beforeWai
 		for o := len(p.free) - 1; o >= 0 && p.allocated+size > p.budget; o-- {
 			for len(p.free[o]) > 0 && p.allocated+size > p.budget {
 				k := len(p.free[o])
+				p.free[o][k-1].release()
 				p.free[o][k-1] = nil
 				p.free[o] = p.free[o][:k-1]
 				p.allocated -= classBytes(o)
@@ -72,8 +140,9 @@ func (p *bufPool) get(n int, wake chan struct{}, stop <-chan struct{}, beforeWai
 		}
 		if p.allocated+size <= p.budget {
 			p.allocated += size
+			b := p.newBuffer(c)
 			p.mu.Unlock()
-			return &buffer{b: make([]byte, replyHeadroom+int(size)), class: c}
+			return b
 		}
 		p.waiters = append(p.waiters, wake)
 		p.mu.Unlock()

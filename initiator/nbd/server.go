@@ -62,6 +62,13 @@ type Config struct {
 	// AllowNonLoopback lets ListenTCP bind addresses other than loopback ones. NBD has no
 	// authentication here: keep it off unless the network is trusted.
 	AllowNonLoopback bool
+	// Allocator, if not nil, provides the memory of request buffers of 32 KiB and more:
+	// memory the Device transfers without copying it (initiator.NBDAllocator for a LUN of an
+	// RDMA session). It is allocated as the budget above allows, counted like heap buffers
+	// (plus a page each, not counted, in front of the payload), kept for reuse while the server
+	// has connections and given back when it has none or shuts down. A failed allocation is
+	// served from the heap.
+	Allocator Allocator
 }
 
 func (c *Config) setDefaults() error {
@@ -178,7 +185,7 @@ func NewServer(cfg Config) (*Server, error) {
 	return &Server{
 		cfg:     cfg,
 		log:     cfg.Logger,
-		pool:    newBufPool(cfg.MaxInFlightBytes, cfg.MaxRequestSize),
+		pool:    newBufPool(cfg.MaxInFlightBytes, cfg.MaxRequestSize, cfg.Allocator),
 		exports: make(map[string]*export),
 		conns:   make(map[*conn]struct{}),
 	}, nil
@@ -418,6 +425,7 @@ func (s *Server) shutdown() {
 	s.mu.Unlock()
 	s.stopConns(context.Background(), conns)
 	s.connWG.Wait()
+	s.pool.releaseFree()
 	s.log.Info("nbd server stopped")
 }
 
@@ -532,7 +540,11 @@ func (s *Server) run(c *conn, logEnd bool) (err error) {
 		c.cancel()
 		s.mu.Lock()
 		delete(s.conns, c)
+		idle := len(s.conns) == 0
 		s.mu.Unlock()
+		if idle {
+			s.pool.releaseFree()
+		}
 		close(c.done)
 		s.connWG.Done()
 	}()

@@ -369,7 +369,7 @@ func TestServeConn(t *testing.T) {
 }
 
 func TestBufPool(t *testing.T) {
-	p := newBufPool(64<<10, 32<<10)
+	p := newBufPool(64<<10, 32<<10, nil)
 	wake := make(chan struct{}, 1)
 	stop := make(chan struct{})
 	a := p.get(32<<10, wake, stop, nil)
@@ -402,7 +402,7 @@ func TestBufPool(t *testing.T) {
 		t.Fatal("free buffer not reused")
 	}
 	// A waiter gives up when stopped.
-	p2 := newBufPool(4096, 4096)
+	p2 := newBufPool(4096, 4096, nil)
 	x := p2.get(4096, wake, stop, nil)
 	close(stop)
 	if y := p2.get(4096, wake, stop, nil); y != nil {

@@ -264,7 +264,8 @@ func (c *connRT) serveExport(sess *initiator.Session, x *nbdExport) error {
 	if l == nil {
 		return fmt.Errorf("the target reports no LUN %d: %w", x.lun, ctlapi.ErrNotFound)
 	}
-	srv, err := nbd.NewServer(nbd.Config{Logger: c.log.Named("nbd").With(zap.Int("lun", x.lun)), ShutdownTimeout: c.nbdShutdown})
+	srv, err := nbd.NewServer(nbd.Config{Logger: c.log.Named("nbd").With(zap.Int("lun", x.lun)), ShutdownTimeout: c.nbdShutdown,
+		Allocator: initiator.NBDAllocator(sess)})
 	if err != nil {
 		return err
 	}

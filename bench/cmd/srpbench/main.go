@@ -452,6 +452,7 @@ func runNBD(ctx context.Context, args []string) error {
 	sock := fs.String("socket", "", "unix socket of the NBD server")
 	export := fs.String("export", "disk", "export name")
 	workers := fs.Int("workers", 0, "NBD worker goroutines per connection (0: nbd default)")
+	heapBufs := fs.Bool("heap-buffers", false, "NBD request buffers from the Go heap (copied through the initiator's slot buffers), not the session's device memory (mapped directly)")
 	ready := fs.String("ready", "", "file to write \"pid=PID\" to once serving")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here until shutdown")
 	traceFile := fs.String("trace", "", "write a runtime execution trace (go tool trace) here until shutdown")
@@ -532,7 +533,7 @@ func runNBD(ctx context.Context, args []string) error {
 	if lun == nil {
 		return errors.New("no LUN 0")
 	}
-	srv, err := nbd.NewServer(nbd.Config{Logger: log.Named("nbd"), Workers: *workers})
+	srv, err := nbd.NewServer(nbdConfig(log, *workers, *heapBufs, sess))
 	if err != nil {
 		return err
 	}
@@ -926,4 +927,14 @@ func queryStats(path string) (memStatus, error) {
 	}
 	err = json.Unmarshal(b, &st)
 	return st, err
+}
+
+// nbdConfig is the NBD server's configuration: with heapBufs its request buffers are Go heap
+// memory, otherwise the session's Buffers (initiator.NBDAllocator).
+func nbdConfig(log *zap.Logger, workers int, heapBufs bool, sess *initiator.Session) nbd.Config {
+	cfg := nbd.Config{Logger: log.Named("nbd"), Workers: workers}
+	if !heapBufs {
+		cfg.Allocator = initiator.NBDAllocator(sess)
+	}
+	return cfg
 }

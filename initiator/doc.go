@@ -53,6 +53,13 @@
 // without an answer (abort, reset, channel failure) completes only then. In steady state
 // nothing on this path allocates.
 //
+// A caller can save that copy: memory from Session.AllocBuffer (a Buffer, device memory) given
+// to ReadAtAsync or WriteAtAsync is registered itself when the slice starts on a page boundary
+// and one command carries it (Stats.Direct counts such commands). As that buffer goes back to
+// the caller at done, such a command completes only once its registrations are dead (the
+// completion handler polls again for the LOCAL_INVs it has just posted, so this usually costs
+// no wake-up). NBDAllocator gives an NBD server's large request buffers this way.
+//
 // # Errors
 //
 // A status other than GOOD is retried where SCSI says so (UNIT ATTENTION, BUSY, TASK SET FULL,

@@ -66,14 +66,15 @@ func (q *qp) compError(w *sendWQE, st transport.WCStatus, vendor uint32) {
 	q.toError()
 }
 
-// complete processes one response packet. dev.mu held.
-func (q *qp) complete(p wire.Packet, now time.Time) {
+// complete processes one response packet. A loop packet carried by reference has its payload
+// in src (loopref.go); otherwise src is nil. dev.mu held.
+func (q *qp) complete(p wire.Packet, src [][]byte, now time.Time) {
 	op := p.Opcode()
 	psn := p.BTH().PSN()
 	if op == wire.RCAcknowledge {
 		q.dev.stats.acksRcvd.Add(1)
 	}
-	q.compPacket(p, op, psn, now)
+	q.compPacket(p, src, op, psn, now)
 	if q.state == transport.QPSErr {
 		return
 	}
@@ -89,7 +90,7 @@ func (q *qp) complete(p wire.Packet, now time.Time) {
 	}
 }
 
-func (q *qp) compPacket(p wire.Packet, op wire.Opcode, psn wire.PSN, now time.Time) {
+func (q *qp) compPacket(p wire.Packet, src [][]byte, op wire.Opcode, psn wire.PSN, now time.Time) {
 	for {
 		w := q.head()
 		if w == nil || (w.state == wqePosted && !w.tx) {
@@ -129,13 +130,13 @@ func (q *qp) compPacket(p wire.Packet, op wire.Opcode, psn wire.PSN, now time.Ti
 			q.errorRetry(false)
 			return
 		}
-		q.checkAck(p, op, psn, w, now)
+		q.checkAck(p, src, op, psn, w, now)
 		return
 	}
 }
 
 // checkAck is rxe's check_ack and what follows it.
-func (q *qp) checkAck(p wire.Packet, op wire.Opcode, psn wire.PSN, w *sendWQE, now time.Time) {
+func (q *qp) checkAck(p wire.Packet, src [][]byte, op wire.Opcode, psn wire.PSN, w *sendWQE, now time.Time) {
 	// Sequence of READ responses.
 	switch q.comp.opcode {
 	case -1:
@@ -164,7 +165,7 @@ func (q *qp) checkAck(p wire.Packet, op wire.Opcode, psn wire.PSN, w *sendWQE, n
 			return
 		}
 		q.resetRetry()
-		q.doRead(p, op, psn, w)
+		q.doRead(p, src, op, psn, w)
 	case wire.RCAcknowledge:
 		syn := p.AETH().Syndrome()
 		switch syn.Type() {
@@ -218,14 +219,15 @@ func (q *qp) checkAck(p wire.Packet, op wire.Opcode, psn wire.PSN, w *sendWQE, n
 	}
 }
 
-// doRead copies a READ response's payload into the WQE's SGL (rxe do_read + copy_data).
-func (q *qp) doRead(p wire.Packet, op wire.Opcode, psn wire.PSN, w *sendWQE) {
+// doRead copies a READ response's payload (the packet's, or src's) into the WQE's SGL (rxe
+// do_read + copy_data).
+func (q *qp) doRead(p wire.Packet, src [][]byte, op wire.Opcode, psn wire.PSN, w *sendWQE) {
 	pl := p.Payload()
 	if uint32(len(pl)) > w.length-w.rdRecv {
 		q.compError(w, transport.WCBadRespErr, 10)
 		return
 	}
-	if !q.scatter(q.pd, w.wr.SGL, w.rdRecv, pl) {
+	if !q.scatterSrc(q.pd, w.wr.SGL, w.rdRecv, pl, src) {
 		q.compError(w, transport.WCLocProtErr, 11)
 		return
 	}

@@ -485,14 +485,20 @@ type rxBufs struct {
 	ctl     []link.Packet // what a batch sends at its end
 	ctlBufs [][]byte      // ACK/NAK buffers
 	big     [][]byte      // full-size buffers for READ responses and requester packets
+	// refs (the loopback path only) are the payload references of the packets in rx
+	// (loopref.go); nil on the link's path, whose packets carry their payload.
+	refs []loopRef
 }
 
-func newRxBufs(bs, nbig int) *rxBufs {
+func newRxBufs(bs, nbig int, refs bool) *rxBufs {
 	b := &rxBufs{
 		rx:      make([]link.Packet, bs),
 		ctl:     make([]link.Packet, 0, 2*bs+nbig),
 		ctlBufs: make([][]byte, 2*bs),
 		big:     make([][]byte, nbig),
+	}
+	if refs {
+		b.refs = make([]loopRef, bs)
 	}
 	for i := range b.rx {
 		b.rx[i].Buf = make([]byte, bufSize)
@@ -513,7 +519,7 @@ func (d *Device) rxLoop() {
 	if bs <= 0 {
 		bs = 32
 	}
-	b := newRxBufs(bs, rxInline)
+	b := newRxBufs(bs, rxInline, false)
 	for {
 		for i := range b.rx {
 			b.rx[i].Buf = b.rx[i].Buf[:cap(b.rx[i].Buf)]
@@ -559,7 +565,11 @@ func (d *Device) rxBatch(b *rxBufs, n int) bool {
 	now := time.Now()
 	d.rxHolds, d.inBatch = true, true
 	for i := 0; i < n; i++ {
-		d.input(&b.rx[i], now)
+		var ref *loopRef
+		if b.refs != nil {
+			ref = &b.refs[i]
+		}
+		d.input(&b.rx[i], ref, now)
 	}
 	d.inBatch = false
 	ctl, nbig := d.rxFlush(b.ctl[:0], b.ctlBufs, b.big, now)
@@ -817,12 +827,26 @@ func (d *Device) fireTimers(now time.Time) {
 	d.cmTimers(now)
 }
 
-// input dispatches one received packet (rxe_rcv + hdr_check). dev.mu held.
-func (d *Device) input(pk *link.Packet, now time.Time) {
+// input dispatches one received packet (rxe_rcv + hdr_check). ref, for a packet of the
+// loopback queue, may say where its payload is (loopref.go); nil for a packet from the link.
+// dev.mu held.
+func (d *Device) input(pk *link.Packet, ref *loopRef, now time.Time) {
 	p, err := wire.Parse(pk.Buf)
 	if err != nil {
 		d.stats.dropped.Add(1)
 		return
+	}
+	// A payload carried by reference: its bytes, resolved now, under dev.mu (Memory.Free
+	// unmaps under it too), before anything looks at the packet.
+	var srcBuf [maxRefSegs][]byte
+	var src [][]byte
+	if ref != nil && ref.n > 0 {
+		src = srcBuf[:ref.n]
+		if !d.resolveRef(ref, src) {
+			d.stats.loopRefDrops.Add(1)
+			d.stats.dropped.Add(1)
+			return
+		}
 	}
 	bth := p.BTH()
 	op := p.Opcode()
@@ -859,7 +883,7 @@ func (d *Device) input(pk *link.Packet, now time.Time) {
 			return
 		}
 		d.cmCommEst(q, now) // first packet of a connection whose RTU is outstanding
-		q.respond(p, now)
+		q.respond(p, src, now)
 		return
 	}
 	if op.Is(wire.Response) {
@@ -867,7 +891,7 @@ func (d *Device) input(pk *link.Packet, now time.Time) {
 			d.stats.dropped.Add(1)
 			return
 		}
-		q.complete(p, now)
+		q.complete(p, src, now)
 		return
 	}
 	d.stats.dropped.Add(1)

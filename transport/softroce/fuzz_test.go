@@ -221,7 +221,7 @@ func FuzzReceivePath(f *testing.F) {
 		for _, b := range bufs {
 			pkts[0] = link.Packet{Src: src, Dst: e.n.addr, Buf: b}
 			d.mu.Lock()
-			d.input(&pkts[0], time.Now())
+			d.input(&pkts[0], nil, time.Now())
 			// Run the transmit side now too (read responses, ACKs) and drop the packets.
 			for k := 0; k < 64 && len(d.ready) > 0; k++ {
 				d.transmit(nil, out, time.Now())

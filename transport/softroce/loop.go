@@ -15,7 +15,9 @@ import (
 // initiator and a target in one process (srpd's loopback demo) then exchange their packets
 // without a socket. Such packets are not seen by the link, so a capture of the link does not
 // show them (Config.NoLoopback sends them through the link instead), and they carry no ICRC:
-// the link computes and checks ICRCs, and these never leave memory.
+// the link computes and checks ICRCs, and these never leave memory. Nor, mostly, do they carry
+// their payload: a data packet's payload is carried by reference, its bytes copied once, from
+// the source MR straight into the destination, when the packet is processed (loopref.go).
 //
 // The loopback loop is the device's third goroutine. Whoever queues packets while the queue
 // has no drainer wakes it; while it processes a batch, what that batch sends to the device
@@ -46,7 +48,7 @@ type loopback struct {
 	kick chan struct{}
 
 	mu    sync.Mutex
-	q     []link.Packet // queued packets from head on; each Buf is a full-size buffer of the queue
+	q     []loopPacket // queued packets from head on; each Buf is a full-size buffer of the queue
 	head  int
 	free  [][]byte // the queue's free buffers
 	nbufs int      // buffers the queue has allocated
@@ -57,6 +59,13 @@ type loopback struct {
 	holds  int  // Holds without their Progress yet
 	owed   bool // a packet was queued while the queue had no drainer and holds > 0
 	bufs   *rxBufs
+}
+
+// loopPacket is a queued packet and, when its payload is carried by reference (loopref.go),
+// where that payload is: the packet's payload area then holds nothing of use.
+type loopPacket struct {
+	pk  link.Packet
+	ref loopRef
 }
 
 func (l *loopback) init(off bool) {
@@ -81,8 +90,10 @@ func (d *Device) loopDst(dst netip.AddrPort) bool {
 // loopSend moves the packets of pkts that are addressed to the device itself to the loopback
 // queue and returns the others, compacted in place in their order. A packet built at the start
 // of a buffer of pool (sendFrom) is taken with its buffer, which a free buffer of the queue
-// replaces in pool; any other is copied (the caller's buffers are reused at once). Called by
-// sendFrom, with sendMu held, so packets join the queue in the order they were built.
+// replaces in pool; any other is copied (the caller's buffers are reused at once), but for the
+// payload of a packet carried by reference, which holds nothing the receiver reads. Such a
+// packet (loopRefFlag) has its reference decoded and queued beside it. Called by sendFrom,
+// with sendMu held, so packets join the queue in the order they were built.
 func (d *Device) loopSend(pkts []link.Packet, pool [][]byte) []link.Packet {
 	i := 0
 	for i < len(pkts) && !d.loopDst(pkts[i].Dst) {
@@ -93,7 +104,7 @@ func (d *Device) loopSend(pkts []link.Packet, pool [][]byte) []link.Packet {
 	}
 	l := &d.loop
 	k := i
-	var n, bytes, drops uint64
+	var n, bytes, drops, nref, refBytes uint64
 	j := 0 // packets built into pool come in pool's order: look on from the last one found
 	l.mu.Lock()
 	for ; i < len(pkts); i++ {
@@ -116,6 +127,20 @@ func (d *Device) loopSend(pkts []link.Packet, pool [][]byte) []link.Packet {
 			continue
 		}
 		plen := len(p.Buf)
+		var ref loopRef
+		ncopy := plen
+		if plen > loopRefByte && p.Buf[loopRefByte]&loopRefFlag != 0 {
+			hdr, pl, ok := ref.get(p.Buf)
+			if !ok {
+				// Never (our own builders encoded it): lost, as a bad packet would be.
+				l.free = append(l.free, buf)
+				drops++
+				continue
+			}
+			ncopy = hdr
+			nref++
+			refBytes += uint64(pl)
+		}
 		if plen > 0 {
 			for j < len(pool) && (len(pool[j]) == 0 || &pool[j][0] != &p.Buf[0]) {
 				j++
@@ -126,7 +151,7 @@ func (d *Device) loopSend(pkts []link.Packet, pool [][]byte) []link.Packet {
 			buf, pool[j] = pool[j], buf
 			j++
 		} else {
-			copy(buf, p.Buf)
+			copy(buf, p.Buf[:ncopy])
 			if j == len(pool) {
 				j = 0 // not from pool (a control packet): later ones may still be
 			}
@@ -136,12 +161,12 @@ func (d *Device) loopSend(pkts []link.Packet, pool [][]byte) []link.Packet {
 		if !src.IsValid() || src.IsUnspecified() {
 			src = p.Dst.Addr()
 		}
-		l.q = append(l.q, link.Packet{
+		l.q = append(l.q, loopPacket{pk: link.Packet{
 			Src:          netip.AddrPortFrom(src, d.port),
 			Dst:          p.Dst,
 			TrafficClass: p.TrafficClass,
 			Buf:          buf[:plen],
-		})
+		}, ref: ref})
 		n++
 		bytes += uint64(plen)
 	}
@@ -155,6 +180,10 @@ func (d *Device) loopSend(pkts []link.Packet, pool [][]byte) []link.Packet {
 	l.mu.Unlock()
 	d.stats.loopPackets.Add(n)
 	d.stats.loopBytes.Add(bytes)
+	if nref > 0 {
+		d.stats.loopRefPackets.Add(nref)
+		d.stats.loopRefBytes.Add(refBytes)
+	}
 	if drops > 0 {
 		d.stats.loopDrops.Add(drops)
 	}
@@ -189,7 +218,7 @@ func (d *Device) loopDrain(max int) bool {
 	l := &d.loop
 	l.mu.Lock()
 	if l.bufs == nil {
-		l.bufs = newRxBufs(loopBatch, rxInline) // only a device that loops back needs them
+		l.bufs = newRxBufs(loopBatch, rxInline, true) // only a device that loops back needs them
 	}
 	b := l.bufs
 	for k := 0; ; k++ {
@@ -209,25 +238,30 @@ func (d *Device) loopDrain(max int) bool {
 			}
 			return true
 		}
-		// Swap buffers: the queued packet's becomes the batch's, the batch's joins the free
-		// list.
-		for i := 0; i < n; i++ {
-			old := b.rx[i].Buf[:cap(b.rx[i].Buf)]
-			b.rx[i] = l.q[l.head+i]
-			l.q[l.head+i] = link.Packet{}
-			l.free = append(l.free, old)
-		}
-		l.head += n
-		if l.head >= len(l.q)/2 { // keep the queue from growing while it is never empty
-			m := copy(l.q, l.q[l.head:])
-			clear(l.q[m:])
-			l.q, l.head = l.q[:m], 0
-		}
+		l.take(b, n)
 		l.mu.Unlock()
 		if !d.rxBatch(b, n) {
 			return false
 		}
 		l.mu.Lock()
+	}
+}
+
+// take moves the first n queued packets into b.rx (and their references into b.refs). l.mu
+// held, by the queue's drainer.
+func (l *loopback) take(b *rxBufs, n int) {
+	// Swap buffers: the queued packet's becomes the batch's, the batch's joins the free list.
+	for i := 0; i < n; i++ {
+		old := b.rx[i].Buf[:cap(b.rx[i].Buf)]
+		b.rx[i], b.refs[i] = l.q[l.head+i].pk, l.q[l.head+i].ref
+		l.q[l.head+i] = loopPacket{}
+		l.free = append(l.free, old)
+	}
+	l.head += n
+	if l.head >= len(l.q)/2 { // keep the queue from growing while it is never empty
+		m := copy(l.q, l.q[l.head:])
+		clear(l.q[m:])
+		l.q, l.head = l.q[:m], 0
 	}
 }
 

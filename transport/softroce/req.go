@@ -209,7 +209,19 @@ func (q *qp) sendData(pkts []link.Packet, buf []byte, w *sendWQE, now time.Time)
 		ie.SetRKey(w.wr.InvalidateRKey)
 	}
 	if n > 0 {
-		if !q.gather(w, w.sent, p.Payload()) {
+		ok, byRef := true, false
+		if w.wr.Flags&transport.SendInline == 0 && q.byRef(n) {
+			// To the device itself: the receiver copies from the SGL's memory (loopref.go).
+			var r loopRef
+			ok = q.gatherRef(w, w.sent, n, &r)
+			if byRef = ok && r.n > 0; byRef {
+				r.put(p)
+			}
+		}
+		if ok && !byRef {
+			ok = q.gather(w, w.sent, p.Payload())
+		}
+		if !ok {
 			w.state, w.status = wqeError, transport.WCLocProtErr
 			q.sqReq++
 			q.toError()

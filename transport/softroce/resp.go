@@ -63,8 +63,9 @@ func (q *qp) classC(code wire.NakCode, psn wire.PSN, st transport.WCStatus) {
 	q.toError()
 }
 
-// respond processes one request packet. dev.mu held.
-func (q *qp) respond(p wire.Packet, now time.Time) {
+// respond processes one request packet. A loop packet carried by reference has its payload
+// in src (loopref.go); otherwise src is nil. dev.mu held.
+func (q *qp) respond(p wire.Packet, src [][]byte, now time.Time) {
 	bth := p.BTH()
 	psn := bth.PSN()
 	op := p.Opcode()
@@ -173,7 +174,7 @@ func (q *qp) respond(p wire.Packet, now time.Time) {
 				q.classC(wire.NakInvalidRequest, psn, transport.WCLocLenErr)
 				return
 			}
-			if !q.scatter(q.pd, r.sge, q.resp.recvOff, p.Payload()) {
+			if !q.scatterSrc(q.pd, r.sge, q.resp.recvOff, p.Payload(), src) {
 				q.classC(wire.NakRemoteOperational, psn, transport.WCLocProtErr)
 				return
 			}
@@ -219,7 +220,7 @@ func (q *qp) respond(p wire.Packet, now time.Time) {
 				q.classC(wire.NakRemoteAccessError, psn, transport.WCRemAccessErr)
 				return
 			}
-			m.copyIn(q.resp.wrVA, p.Payload())
+			m.copyInSrc(q.resp.wrVA, p.Payload(), src)
 			q.resp.wrVA += uint64(pl)
 			q.resp.wrResid -= uint32(pl)
 		}
@@ -395,7 +396,13 @@ func (q *qp) readResponse(pkts []link.Packet, buf []byte) []link.Packet {
 		a.SetMSN(q.resp.msn)
 	}
 	if n > 0 {
-		m.copyOut(p.Payload(), res.curVA)
+		// To the device itself, the requester copies from the MR (loopref.go).
+		var r loopRef
+		if q.byRef(n) && m.refRange(&r, res.curVA, uint64(n)) {
+			r.put(p)
+		} else {
+			m.copyOut(p.Payload(), res.curVA)
+		}
 	}
 	res.started = true
 	res.curPSN = res.curPSN.Inc()

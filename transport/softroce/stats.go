@@ -26,6 +26,11 @@ type Stats struct {
 	// LoopPackets/LoopBytes count packets the device sent to itself without the link
 	// (loopback, loop.go; not in Tx/Rx); LoopDrops those dropped because its queue was full.
 	LoopPackets, LoopBytes, LoopDrops uint64
+	// LoopRefPackets/LoopRefBytes count the loopback packets (and their payload bytes) carried
+	// by reference: their payload was copied once, from the source MR straight into the
+	// destination (loopref.go). LoopRefDrops counts those dropped on receipt because their
+	// source memory had been freed meanwhile (also in Dropped).
+	LoopRefPackets, LoopRefBytes, LoopRefDrops uint64
 }
 
 type counters struct {
@@ -37,6 +42,7 @@ type counters struct {
 	oos, dups, readReplays, cnps, dropped        atomic.Uint64
 	cqOverruns                                   atomic.Uint64
 	loopPackets, loopBytes, loopDrops            atomic.Uint64
+	loopRefPackets, loopRefBytes, loopRefDrops   atomic.Uint64
 }
 
 func nakIndex(code uint8) int {
@@ -57,6 +63,8 @@ func (c *counters) snapshot() Stats {
 		OutOfSequence: c.oos.Load(), Duplicates: c.dups.Load(), ReadReplays: c.readReplays.Load(),
 		CNPs: c.cnps.Load(), Dropped: c.dropped.Load(), CQOverruns: c.cqOverruns.Load(),
 		LoopPackets: c.loopPackets.Load(), LoopBytes: c.loopBytes.Load(), LoopDrops: c.loopDrops.Load(),
+		LoopRefPackets: c.loopRefPackets.Load(), LoopRefBytes: c.loopRefBytes.Load(),
+		LoopRefDrops: c.loopRefDrops.Load(),
 	}
 	for i := range c.naksSent {
 		s.NAKsSent[i] = c.naksSent[i].Load()

@@ -41,7 +41,8 @@
 # the same run as its own processes: MODE[:GOMAXPROCS], MODE local (column ours), localcopy
 # (column ours-copy: local with the NBD buffers on the Go heap, copied through the initiator's
 # slot buffers, as before direct Buffers) or split (column ours-2proc), GOMAXPROCS N adds -gmpN to the column (default: Go's, the number of CPUs); default
-# "local split"), PROFILE, PROFILE_DIR
+# "local split"; MODE[:GOMAXPROCS]+FLAG[+FLAG] passes FLAGs to the NBD process, column -xN),
+# PROFILE, PROFILE_DIR
 # (where to keep the profiles; default: the work directory, removed at exit), MEM_SESSIONS ("1 64"),
 # MEM_QD (128), MEM_IOS (N, 20000), MEM_LUN (64m), MEM_SIZES ("4k,4k,16k,64k"), MEM_WORKERS
 # (I/O goroutines per session, 0: channels × qd / 2), MEM_GOMAXPROCS (of the target; default Go's).
@@ -166,6 +167,13 @@ nbd_section() {
   local servers=() ourpids=() splits=()
   local spec mode
   for spec in $OURS; do
+    # MODE[:GOMAXPROCS][+FLAG...]: FLAGs (e.g. +-read-spin=-1ns) go to the NBD process and,
+    # numbered, into the column's name.
+    local xflags=()
+    if [[ $spec == *+* ]]; then
+      IFS=+ read -r -a xflags <<<"${spec#*+}"
+      spec=${spec%%+*}
+    fi
     mode=${spec%%:*}
     g=default
     [[ $spec == *:* ]] && g=${spec#*:}
@@ -178,6 +186,11 @@ nbd_section() {
     local bufflag=()
     [[ $mode == localcopy ]] && bufflag=(-heap-buffers)
     [[ $g == default ]] || s+=-gmp$g
+    if ((${#xflags[@]} > 0)); then
+      nx=$((${nx:-0} + 1))
+      s+=-x$nx
+      echo "== $s: NBD process flags ${xflags[*]}"
+    fi
     local genv=()
     [[ $g == default ]] || genv=(GOMAXPROCS=$g)
     local tprof=() iprof=()
@@ -190,7 +203,7 @@ nbd_section() {
     if [[ $mode == local* ]]; then
       echo "== starting $s: one process, SRP target + SRP initiator + NBD on one softroce device ($CHANNELS channels, QD $INI_QD, GOMAXPROCS $g)"
       env "${genv[@]}" "$bin" nbd -local -lun-size "$SIZE" -target-qd 128 -socket "$work/$s.sock" -ready "$work/$s.nbd.ready" \
-        -channels "$CHANNELS" -qd "$INI_QD" "${bufflag[@]}" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
+        -channels "$CHANNELS" -qd "$INI_QD" "${bufflag[@]}" "${xflags[@]}" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
       npid=$!
       pids+=("$npid")
       wait_file "$work/$s.nbd.ready" "$s.nbd" "$npid"
@@ -205,7 +218,7 @@ nbd_section() {
       wait_file "$work/$s.target.ready" "$s.target" "$tpid"
       tudp=$(sed -n 's/.*udp=\([^ ]*\).*/\1/p' "$work/$s.target.ready")
       env "${genv[@]}" "$bin" nbd -target "$tudp" -socket "$work/$s.sock" -ready "$work/$s.nbd.ready" \
-        -channels "$CHANNELS" -qd "$INI_QD" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
+        -channels "$CHANNELS" -qd "$INI_QD" "${xflags[@]}" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
       npid=$!
       pids+=("$npid")
       wait_file "$work/$s.nbd.ready" "$s.nbd" "$npid"

@@ -158,6 +158,14 @@ func newConn(s *Server, base context.Context, nc net.Conn) *conn {
 		poolWake: make(chan struct{}, 1),
 	}
 	c.flushFn = c.flushHeld
+	if raw != nil {
+		raw.waits = &c.counters.readWaits
+		if s.cfg.ReadSpin > 0 {
+			raw.spin = s.cfg.ReadSpin
+			raw.spinOK = func() bool { return c.inflight.Load() == 0 }
+			raw.spinHit = &c.counters.spinReads
+		}
+	}
 	return c
 }
 

@@ -4,7 +4,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -28,6 +30,13 @@ type rawStream struct {
 	wrFn    func(fd uintptr) bool
 	wrNowFn func(fd uintptr) bool
 	iovAll  []syscall.Iovec // the whole batch, cleared once written
+	// spin: how long a read that finds no data retries before it waits in the netpoller,
+	// while spinOK says so (see Config.ReadSpin); spinEnd is the current spin's end.
+	spin    time.Duration
+	spinOK  func() bool
+	spinEnd time.Time
+	spinHit *atomic.Uint64 // counts reads that found data while spinning
+	waits   *atomic.Uint64 // counts reads that wait in the netpoller
 }
 
 // newRawStream returns a rawStream for nc, or nil when nc does not expose a RawConn (a pipe in
@@ -74,12 +83,32 @@ func (s *rawStream) read(fd uintptr) bool {
 		switch e {
 		case 0:
 			s.n = int(r)
+			if !s.spinEnd.IsZero() {
+				s.spinEnd = time.Time{}
+				if s.spinHit != nil {
+					s.spinHit.Add(1)
+				}
+			}
 			return true
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
+			if s.spin > 0 && s.spinOK != nil && s.spinOK() {
+				now := time.Now()
+				if s.spinEnd.IsZero() {
+					s.spinEnd = now.Add(s.spin)
+				}
+				if now.Before(s.spinEnd) {
+					continue
+				}
+			}
+			s.spinEnd = time.Time{}
+			if s.waits != nil {
+				s.waits.Add(1)
+			}
 			return false
 		default:
+			s.spinEnd = time.Time{}
 			s.rdErr = os.NewSyscallError("read", e)
 			return true
 		}

@@ -25,6 +25,12 @@ type Counters struct {
 	// its write starts, sent with one writev unless the socket takes it only in parts.
 	// Requests / ReplyWrites is the replies per batch.
 	ReplyWrites uint64
+	// SpinReads counts the reads that found their data while spinning (Config.ReadSpin):
+	// requests that arrived without a wait in the runtime's netpoller.
+	SpinReads uint64
+	// ReadWaits counts the reads that found no data (after the spin, if any) and waited for
+	// the socket in the netpoller: each a wake-up of the reader when the request arrives.
+	ReadWaits uint64
 }
 
 func (c *Counters) add(o Counters) {
@@ -40,12 +46,14 @@ func (c *Counters) add(o Counters) {
 	c.BytesWritten += o.BytesWritten
 	c.Errors += o.Errors
 	c.ReplyWrites += o.ReplyWrites
+	c.SpinReads += o.SpinReads
+	c.ReadWaits += o.ReadWaits
 }
 
 // counters is the live, atomically updated form of Counters.
 type counters struct {
-	requests, reads, writes, flushes, trims, zeroes, caches, invalid atomic.Uint64
-	bytesRead, bytesWritten, errors, replyWrites                     atomic.Uint64
+	requests, reads, writes, flushes, trims, zeroes, caches, invalid   atomic.Uint64
+	bytesRead, bytesWritten, errors, replyWrites, spinReads, readWaits atomic.Uint64
 }
 
 func (c *counters) snapshot() Counters {
@@ -62,6 +70,8 @@ func (c *counters) snapshot() Counters {
 		BytesWritten: c.bytesWritten.Load(),
 		Errors:       c.errors.Load(),
 		ReplyWrites:  c.replyWrites.Load(),
+		SpinReads:    c.spinReads.Load(),
+		ReadWaits:    c.readWaits.Load(),
 	}
 }
 

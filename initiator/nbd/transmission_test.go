@@ -518,7 +518,7 @@ func TestMultiConn(t *testing.T) {
 }
 
 func TestStatsCounters(t *testing.T) {
-	f := newFixture(t, Config{})
+	f := newFixture(t, Config{ReadSpin: -1}) // SpinReads 0 (TestReadSpin counts them)
 	c := f.client(t, "disk", false)
 	c.do(cmdRead, 0, 0, 4096, nil)
 	c.do(cmdWrite, 0, 0, 1024, make([]byte, 1024))
@@ -535,8 +535,17 @@ func TestStatsCounters(t *testing.T) {
 		st := f.ts.Stats()
 		return len(st.Conns) == 1 && st.Conns[0].InFlight == 0
 	})
+	// ReadWaits depends on how fast the client is (each request it sends before the server
+	// reads does not wait): at most one per read of the connection.
+	noWaits := func(c Counters) Counters {
+		if c.ReadWaits > 32 {
+			t.Errorf("ReadWaits %d for 8 requests", c.ReadWaits)
+		}
+		c.ReadWaits = 0
+		return c
+	}
 	st := f.ts.Stats()
-	if len(st.Conns) != 1 || st.Conns[0].Counters != want || st.Conns[0].Export != "disk" || st.Conns[0].InFlight != 0 {
+	if len(st.Conns) != 1 || noWaits(st.Conns[0].Counters) != want || st.Conns[0].Export != "disk" || st.Conns[0].InFlight != 0 {
 		t.Fatalf("conn stats %+v", st.Conns)
 	}
 	c.send(cmdDisc, 0, 0, 0, 0, nil)
@@ -544,7 +553,7 @@ func TestStatsCounters(t *testing.T) {
 	waitFor(t, "connection retired", func() bool { return f.ts.Stats().Active == 0 })
 	st = f.ts.Stats()
 	for _, e := range st.Exports {
-		if e.Name == "disk" && (e.Counters != want || e.Conns != 0 || e.Size != testSize || e.BlockSize != testBS) {
+		if e.Name == "disk" && (noWaits(e.Counters) != want || e.Conns != 0 || e.Size != testSize || e.BlockSize != testBS) {
 			t.Fatalf("export stats %+v", e)
 		}
 	}
@@ -575,5 +584,53 @@ func TestPoolBackPressure(t *testing.T) {
 	wg.Wait()
 	if st := f.ts.Stats(); st.BufferBytes > 512<<10 {
 		t.Fatalf("buffers %d over the budget", st.BufferBytes)
+	}
+}
+
+// TestReadSpin: with nothing in flight, a read that finds no data retries for ReadSpin before it
+// waits in the netpoller (ReadWaits). A client sending its next request right after each reply
+// is caught by the spin: no read waits. One pausing longer than the spin makes every read wait,
+// as does any client with the spin off; the replies are right in every case. The device
+// completes requests inside the call (as the SRP initiator does at queue depth 1 with the target
+// in the same process), so nothing is in flight when the reader reads the next request.
+func TestReadSpin(t *testing.T) {
+	const n = 40
+	for _, tc := range []struct {
+		name             string
+		spin             time.Duration
+		pause            time.Duration
+		minWait, maxWait uint64
+	}{
+		{"back to back", 500 * time.Millisecond, 0, 0, 1},
+		{"pausing", time.Millisecond, 20 * time.Millisecond, n * 3 / 4, 1000},
+		{"off", -1, 20 * time.Millisecond, n * 3 / 4, 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			disk := newRAM(testSize, testBS)
+			disk.fill(0, pattern(7, testSize))
+			ts := startServer(t, Config{ReadSpin: tc.spin}, map[string]Device{"disk": inlineRAM{disk}})
+			c := dialUnix(t, ts.sock)
+			c.connect("disk", false)
+			for i := uint64(0); i < n; i++ {
+				if tc.pause > 0 {
+					time.Sleep(tc.pause)
+				}
+				r := c.do(cmdRead, 0, i*4096, 4096, nil)
+				if r.errno != 0 || !bytes.Equal(r.data, disk.snapshot(int64(i*4096), 4096)) {
+					t.Fatalf("read %d: errno %d or data differs", i, r.errno)
+				}
+			}
+			st := ts.Stats()
+			if len(st.Conns) != 1 {
+				t.Fatalf("%d connections", len(st.Conns))
+			}
+			cs := st.Conns[0].Counters
+			if cs.ReadWaits < tc.minWait || cs.ReadWaits > tc.maxWait {
+				t.Fatalf("ReadWaits %d, want %d..%d (%d requests; SpinReads %d)", cs.ReadWaits, tc.minWait, tc.maxWait, n, cs.SpinReads)
+			}
+			if tc.spin < 0 && cs.SpinReads != 0 {
+				t.Fatalf("SpinReads %d with the spin off", cs.SpinReads)
+			}
+		})
 	}
 }

@@ -452,6 +452,7 @@ func runNBD(ctx context.Context, args []string) error {
 	sock := fs.String("socket", "", "unix socket of the NBD server")
 	export := fs.String("export", "disk", "export name")
 	workers := fs.Int("workers", 0, "NBD worker goroutines per connection (0: nbd default)")
+	readSpin := fs.Duration("read-spin", 0, "NBD connections' read spin (nbd.Config.ReadSpin; 0: nbd default, negative: off)")
 	heapBufs := fs.Bool("heap-buffers", false, "NBD request buffers from the Go heap (copied through the initiator's slot buffers), not the session's device memory (mapped directly)")
 	ready := fs.String("ready", "", "file to write \"pid=PID\" to once serving")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here until shutdown")
@@ -533,7 +534,7 @@ func runNBD(ctx context.Context, args []string) error {
 	if lun == nil {
 		return errors.New("no LUN 0")
 	}
-	srv, err := nbd.NewServer(nbdConfig(log, *workers, *heapBufs, sess))
+	srv, err := nbd.NewServer(nbdConfig(log, *workers, *readSpin, *heapBufs, sess))
 	if err != nil {
 		return err
 	}
@@ -931,8 +932,8 @@ func queryStats(path string) (memStatus, error) {
 
 // nbdConfig is the NBD server's configuration: with heapBufs its request buffers are Go heap
 // memory, otherwise the session's Buffers (initiator.NBDAllocator).
-func nbdConfig(log *zap.Logger, workers int, heapBufs bool, sess *initiator.Session) nbd.Config {
-	cfg := nbd.Config{Logger: log.Named("nbd"), Workers: workers}
+func nbdConfig(log *zap.Logger, workers int, readSpin time.Duration, heapBufs bool, sess *initiator.Session) nbd.Config {
+	cfg := nbd.Config{Logger: log.Named("nbd"), Workers: workers, ReadSpin: readSpin}
 	if !heapBufs {
 		cfg.Allocator = initiator.NBDAllocator(sess)
 	}

@@ -150,31 +150,17 @@ func (m *mr) refRange(r *loopRef, va uint64, n uint64) bool {
 // instead of copied. ok false: protection error. r.n == 0 with ok: more than maxRefSegs
 // ranges (the caller copies). Not for inline data (already copied at post time). dev.mu held.
 func (q *qp) gatherRef(w *sendWQE, off, n uint32, r *loopRef) (ok bool) {
-	d := q.dev
-	for _, s := range w.wr.SGL {
-		if n == 0 {
-			break
-		}
-		if off >= s.Length {
-			off -= s.Length
-			continue
-		}
-		m := d.checkLocal(q.pd, s.Addr, s.Length, s.LKey, false)
+	it := sglIter{sgl: w.wr.SGL, off: off, n: n}
+	for {
+		m, va, k, ok := q.nextSGE(&it)
 		if m == nil {
-			return false
+			return ok
 		}
-		k := min(n, s.Length-off)
-		if !m.refRange(r, s.Addr+uint64(off), uint64(k)) {
+		if !m.refRange(r, va, uint64(k)) {
 			r.n = 0
 			return true
 		}
-		n -= k
-		off = 0
 	}
-	if n != 0 {
-		return false
-	}
-	return true
 }
 
 // resolveRef turns a loop packet's reference into host slices of the device's memory (in

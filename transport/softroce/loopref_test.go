@@ -318,6 +318,20 @@ func TestLoopbackRefFreedSource(t *testing.T) {
 		fill(mem.Bytes(), 8)
 		return mem, mr
 	}
+	// queueWrite posts a WRITE of a fresh buffer of a to b's buffer and returns once its 16
+	// packets wait in the stalled loopback queue, with the bytes they should carry.
+	queueWrite := func(t *testing.T, a, b *node) (transport.Memory, transport.MR, []byte) {
+		t.Helper()
+		mem, mr := alloc(t, a, transport.AccessLocalWrite)
+		payload := append([]byte(nil), mem.Bytes()...)
+		stallLoop(t, a.dev)
+		if err := a.qp.PostSend([]transport.SendWR{{ID: 1, Opcode: transport.WRRDMAWrite, Flags: transport.SendSignaled,
+			SGL: []transport.SGE{{Addr: mem.Addr(), Length: n, LKey: mr.LKey()}}, RemoteAddr: b.mem.Addr(), RKey: b.mr.RKey()}}); err != nil {
+			t.Fatal(err)
+		}
+		waitQueued(t, a.dev, 16, payload)
+		return mem, mr, payload
+	}
 	release := func(t *testing.T, mem transport.Memory, mr transport.MR) {
 		t.Helper()
 		if err := mr.Close(); err != nil {
@@ -328,25 +342,26 @@ func TestLoopbackRefFreedSource(t *testing.T) {
 		}
 	}
 
-	t.Run("WRITE", func(t *testing.T) {
-		a, b := loopRefPair(t, transport.MTU4096, slowTimeout)
+	// freeQueued frees the source of the 16 queued packets, drains the queue (as its drainer:
+	// processed, then idle again) and checks that all 16 were dropped, that a's WQE fails with
+	// st once retransmitted, and that later traffic works.
+	freeQueued := func(t *testing.T, a *node, mem transport.Memory, mr transport.MR, st transport.WCStatus, op transport.WCOpcode) {
+		t.Helper()
 		d := a.dev
-		mem, mr := alloc(t, a, transport.AccessLocalWrite)
-		payload := append([]byte(nil), mem.Bytes()...)
-		stallLoop(t, d)
-		if err := a.qp.PostSend([]transport.SendWR{{ID: 1, Opcode: transport.WRRDMAWrite, Flags: transport.SendSignaled,
-			SGL: []transport.SGE{{Addr: mem.Addr(), Length: n, LKey: mr.LKey()}}, RemoteAddr: b.mem.Addr(), RKey: b.mr.RKey()}}); err != nil {
-			t.Fatal(err)
-		}
-		waitQueued(t, d, 16, payload)
 		release(t, mem, mr)
-		d.loopDrain(-1) // as the drainer: the queue is processed, then idle again
+		d.loopDrain(-1)
 		if s := d.Stats(); s.LoopRefDrops != 16 {
 			t.Fatalf("%d packets dropped for freed memory, want 16", s.LoopRefDrops)
 		}
-		// The retransmission checks the lkey again: the MR is gone.
-		wantWC(t, waitWC(t, a.scq, 10*time.Second), 1, transport.WCLocProtErr, transport.WCRDMAWrite)
+		wantWC(t, waitWC(t, a.scq, 10*time.Second), 1, st, op)
 		later(t, d)
+	}
+
+	t.Run("WRITE", func(t *testing.T) {
+		a, b := loopRefPair(t, transport.MTU4096, slowTimeout)
+		mem, mr, _ := queueWrite(t, a, b)
+		// The retransmission checks the lkey again: the MR is gone.
+		freeQueued(t, a, mem, mr, transport.WCLocProtErr, transport.WCRDMAWrite)
 	})
 
 	t.Run("READ", func(t *testing.T) {
@@ -367,27 +382,14 @@ func TestLoopbackRefFreedSource(t *testing.T) {
 		d.loop.mu.Unlock()
 		d.rxBatch(bufs, 1)
 		waitQueued(t, d, 16, payload)
-		release(t, mem, mr)
-		d.loopDrain(-1)
-		if s := d.Stats(); s.LoopRefDrops != 16 {
-			t.Fatalf("%d packets dropped for freed memory, want 16", s.LoopRefDrops)
-		}
 		// The READ is requested again; the responder finds no MR.
-		wantWC(t, waitWC(t, a.scq, 10*time.Second), 1, transport.WCRemAccessErr, transport.WCRDMARead)
-		later(t, d)
+		freeQueued(t, a, mem, mr, transport.WCRemAccessErr, transport.WCRDMARead)
 	})
 
 	t.Run("deregistered", func(t *testing.T) {
 		a, b := loopRefPair(t, transport.MTU4096, slowTimeout)
 		d := a.dev
-		mem, mr := alloc(t, a, transport.AccessLocalWrite)
-		payload := append([]byte(nil), mem.Bytes()...)
-		stallLoop(t, d)
-		if err := a.qp.PostSend([]transport.SendWR{{ID: 1, Opcode: transport.WRRDMAWrite, Flags: transport.SendSignaled,
-			SGL: []transport.SGE{{Addr: mem.Addr(), Length: n, LKey: mr.LKey()}}, RemoteAddr: b.mem.Addr(), RKey: b.mr.RKey()}}); err != nil {
-			t.Fatal(err)
-		}
-		waitQueued(t, d, 16, payload)
+		mem, mr, payload := queueWrite(t, a, b)
 		if err := mr.Close(); err != nil {
 			t.Fatal(err)
 		}

@@ -286,25 +286,46 @@ func (q *qp) gather(w *sendWQE, off uint32, dst []byte) bool {
 		copy(dst, w.inline[off:])
 		return true
 	}
-	d := q.dev
-	for _, s := range w.wr.SGL {
-		if len(dst) == 0 {
-			break
+	it := sglIter{sgl: w.wr.SGL, off: off, n: uint32(len(dst))}
+	for {
+		m, va, k, ok := q.nextSGE(&it)
+		if m == nil {
+			return ok
 		}
-		if off >= s.Length {
-			off -= s.Length
+		m.copyOut(dst[:k], va)
+		dst = dst[k:]
+	}
+}
+
+// sglIter walks n bytes of an SGL from byte offset off (gather, gatherRef).
+type sglIter struct {
+	sgl []transport.SGE
+	i   int
+	off uint32 // into sgl[i]
+	n   uint32 // bytes left
+}
+
+// nextSGE returns the next piece of it: k bytes at MR address va of m, whose SGE passed the
+// lkey check. m == nil ends the walk: ok reports whether all n bytes were there (false: a
+// protection error or an SGL too short).
+func (q *qp) nextSGE(it *sglIter) (m *mr, va uint64, k uint32, ok bool) {
+	for ; it.n > 0 && it.i < len(it.sgl); it.i++ {
+		s := &it.sgl[it.i]
+		if it.off >= s.Length {
+			it.off -= s.Length
 			continue
 		}
-		m := d.checkLocal(q.pd, s.Addr, s.Length, s.LKey, false)
-		if m == nil {
-			return false
+		if m = q.dev.checkLocal(q.pd, s.Addr, s.Length, s.LKey, false); m == nil {
+			return nil, 0, 0, false
 		}
-		k := min(uint32(len(dst)), s.Length-off)
-		m.copyOut(dst[:k], s.Addr+uint64(off))
-		dst = dst[k:]
-		off = 0
+		k = min(it.n, s.Length-it.off)
+		va = s.Addr + uint64(it.off)
+		it.n -= k
+		it.off = 0
+		it.i++
+		return m, va, k, true
 	}
-	return len(dst) == 0
+	return nil, 0, 0, it.n == 0
 }
 
 // reqRetry rewinds the SQ for go-back-N (rxe req_retry): transmission restarts at the oldest

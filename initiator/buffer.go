@@ -1,7 +1,9 @@
 package initiator
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -59,11 +61,18 @@ type bufRange struct {
 	mem        transport.Memory
 }
 
-// bufSet is the session's Buffers, looked up per I/O without a lock (copy on write: they
-// change only on AllocBuffer and Free).
+// bufSet is the session's Buffers, sorted by host address and looked up per I/O without a
+// lock (copy on write: they change only on AllocBuffer and Free).
 type bufSet struct {
 	mu  sync.Mutex
 	cur atomic.Pointer[[]bufRange]
+}
+
+func (bs *bufSet) load() []bufRange {
+	if p := bs.cur.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 func (bs *bufSet) add(mem transport.Memory) {
@@ -72,31 +81,19 @@ func (bs *bufSet) add(mem transport.Memory) {
 		return
 	}
 	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	r := bufRange{start: start, end: start + uintptr(len(b)), addr: mem.Addr(), mem: mem}
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
-	var old []bufRange
-	if p := bs.cur.Load(); p != nil {
-		old = *p
-	}
-	next := make([]bufRange, len(old), len(old)+1)
-	copy(next, old)
-	next = append(next, bufRange{start: start, end: start + uintptr(len(b)), addr: mem.Addr(), mem: mem})
+	old := bs.load()
+	i, _ := slices.BinarySearchFunc(old, start, func(x bufRange, t uintptr) int { return cmp.Compare(x.start, t) })
+	next := slices.Insert(slices.Clone(old), i, r)
 	bs.cur.Store(&next)
 }
 
 func (bs *bufSet) remove(mem transport.Memory) {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
-	p := bs.cur.Load()
-	if p == nil {
-		return
-	}
-	next := make([]bufRange, 0, len(*p))
-	for _, r := range *p {
-		if r.mem != mem {
-			next = append(next, r)
-		}
-	}
+	next := slices.DeleteFunc(slices.Clone(bs.load()), func(r bufRange) bool { return r.mem == mem })
 	bs.cur.Store(&next)
 }
 
@@ -105,21 +102,23 @@ func (bs *bufSet) remove(mem transport.Memory) {
 // addresses are never). The page alignment lets the command's registrations split p exactly as
 // they split a request slot's buffer.
 func (bs *bufSet) deviceAddr(p []byte, pageSize uint64) uint64 {
-	cur := bs.cur.Load()
-	if cur == nil || len(p) == 0 {
+	cur := bs.load()
+	if len(cur) == 0 || len(p) == 0 {
 		return 0
 	}
 	start := uintptr(unsafe.Pointer(unsafe.SliceData(p)))
 	end := start + uintptr(len(p))
-	for i := range *cur {
-		r := &(*cur)[i]
-		if start >= r.start && end <= r.end && end > start {
-			a := r.addr + uint64(start-r.start)
-			if a%pageSize != 0 {
-				return 0
-			}
-			return a
-		}
+	// The last Buffer starting at or before p (Buffers do not overlap).
+	i, found := slices.BinarySearchFunc(cur, start, func(x bufRange, t uintptr) int { return cmp.Compare(x.start, t) })
+	if !found {
+		i--
 	}
-	return 0
+	if i < 0 || end > cur[i].end {
+		return 0
+	}
+	a := cur[i].addr + uint64(start-cur[i].start)
+	if a%pageSize != 0 {
+		return 0
+	}
+	return a
 }

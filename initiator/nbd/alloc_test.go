@@ -73,8 +73,8 @@ func TestBufPoolAllocator(t *testing.T) {
 	}
 	a.fail = true
 	h := p.get(64<<10, wake, stop, nil)
-	if h.free != nil || len(h.b) != replyHeadroom+64<<10 || p.allocErrs != 1 {
-		t.Fatalf("with the Allocator failing: free %v, %d bytes, errors %d", h.free != nil, len(h.b), p.allocErrs)
+	if h.free != nil || len(h.b) != replyHeadroom+64<<10 || p.allocErrs.Load() != 1 {
+		t.Fatalf("with the Allocator failing: free %v, %d bytes, errors %d", h.free != nil, len(h.b), p.allocErrs.Load())
 	}
 	p.put(h)
 }

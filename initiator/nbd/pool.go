@@ -3,6 +3,7 @@ package nbd
 import (
 	"math/bits"
 	"sync"
+	"sync/atomic"
 )
 
 // buffer is a data buffer for one request: b[:replyHeadroom] is room for the reply header, so
@@ -56,8 +57,8 @@ type bufPool struct {
 	allocated int64
 	free      [][]*buffer // per class, a stack
 	waiters   []chan struct{}
-	alloc     Allocator // nil: every buffer from the heap
-	allocErrs int64     // Allocator failures (the heap served instead)
+	alloc     Allocator    // nil: every buffer from the heap
+	allocErrs atomic.Int64 // Allocator failures (the heap served instead)
 }
 
 func newBufPool(budget int64, maxSize int, alloc Allocator) *bufPool {
@@ -65,7 +66,8 @@ func newBufPool(budget int64, maxSize int, alloc Allocator) *bufPool {
 }
 
 // newBuffer makes a buffer of class c: from the Allocator for the larger classes (falling
-// back to the heap if it fails), else from the heap.
+// back to the heap if it fails), else from the heap. Called without p.mu: an Allocator maps
+// memory (a system call), which must not hold up the other connections' gets and puts.
 func (p *bufPool) newBuffer(c int) *buffer {
 	size := int(classBytes(c))
 	if p.alloc != nil && c >= allocMinClass {
@@ -76,7 +78,7 @@ func (p *bufPool) newBuffer(c int) *buffer {
 		if err == nil {
 			free()
 		}
-		p.allocErrs++
+		p.allocErrs.Add(1)
 	}
 	return &buffer{b: make([]byte, replyHeadroom+size), class: c}
 }
@@ -84,8 +86,8 @@ func (p *bufPool) newBuffer(c int) *buffer {
 // releaseFree drops the Allocator buffers that are not in use (the server has no connection
 // left, or shuts down): device memory is not kept for a client that may never come back.
 func (p *bufPool) releaseFree() {
+	var drop []*buffer
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	for c := range p.free {
 		k := 0
 		for _, b := range p.free[c] {
@@ -94,11 +96,15 @@ func (p *bufPool) releaseFree() {
 				k++
 				continue
 			}
-			b.release()
+			drop = append(drop, b)
 			p.allocated -= classBytes(c)
 		}
 		clear(p.free[c][k:])
 		p.free[c] = p.free[c][:k]
+	}
+	p.mu.Unlock()
+	for _, b := range drop {
+		b.release() // unmaps: outside p.mu, as newBuffer maps
 	}
 }
 
@@ -128,24 +134,31 @@ func (p *bufPool) get(n int, wake chan struct{}, stop <-chan struct{}, beforeWai
 			p.mu.Unlock()
 			return b
 		}
-		// Make room by dropping free buffers of other classes, largest first.
+		// Make room by dropping free buffers of other classes, largest first (released once
+		// p.mu is let go).
+		var drop []*buffer
 		for o := len(p.free) - 1; o >= 0 && p.allocated+size > p.budget; o-- {
 			for len(p.free[o]) > 0 && p.allocated+size > p.budget {
 				k := len(p.free[o])
-				p.free[o][k-1].release()
+				drop = append(drop, p.free[o][k-1])
 				p.free[o][k-1] = nil
 				p.free[o] = p.free[o][:k-1]
 				p.allocated -= classBytes(o)
 			}
 		}
-		if p.allocated+size <= p.budget {
-			p.allocated += size
-			b := p.newBuffer(c)
-			p.mu.Unlock()
-			return b
+		fits := p.allocated+size <= p.budget
+		if fits {
+			p.allocated += size // reserved: the buffer is made outside p.mu
+		} else {
+			p.waiters = append(p.waiters, wake)
 		}
-		p.waiters = append(p.waiters, wake)
 		p.mu.Unlock()
+		for _, b := range drop {
+			b.release()
+		}
+		if fits {
+			return p.newBuffer(c)
+		}
 		if beforeWait != nil {
 			beforeWait()
 		}

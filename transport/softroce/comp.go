@@ -66,8 +66,8 @@ func (q *qp) compError(w *sendWQE, st transport.WCStatus, vendor uint32) {
 	q.toError()
 }
 
-// complete processes one response packet. A loop packet carried by reference has its payload
-// in src (loopref.go); otherwise src is nil. dev.mu held.
+// complete processes one response packet whose payload is src's pieces in order (as for
+// respond). dev.mu held.
 func (q *qp) complete(p wire.Packet, src [][]byte, now time.Time) {
 	op := p.Opcode()
 	psn := p.BTH().PSN()
@@ -219,15 +219,15 @@ func (q *qp) checkAck(p wire.Packet, src [][]byte, op wire.Opcode, psn wire.PSN,
 	}
 }
 
-// doRead copies a READ response's payload (the packet's, or src's) into the WQE's SGL (rxe
-// do_read + copy_data).
+// doRead copies a READ response's payload (src's pieces; the packet says its length) into
+// the WQE's SGL (rxe do_read + copy_data).
 func (q *qp) doRead(p wire.Packet, src [][]byte, op wire.Opcode, psn wire.PSN, w *sendWQE) {
 	pl := p.Payload()
 	if uint32(len(pl)) > w.length-w.rdRecv {
 		q.compError(w, transport.WCBadRespErr, 10)
 		return
 	}
-	if !q.scatterSrc(q.pd, w.wr.SGL, w.rdRecv, pl, src) {
+	if !q.scatterPieces(q.pd, w.wr.SGL, w.rdRecv, src) {
 		q.compError(w, transport.WCLocProtErr, 11)
 		return
 	}

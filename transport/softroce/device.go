@@ -836,10 +836,11 @@ func (d *Device) input(pk *link.Packet, ref *loopRef, now time.Time) {
 		d.stats.dropped.Add(1)
 		return
 	}
-	// A payload carried by reference: its bytes, resolved now, under dev.mu (Memory.Free
-	// unmaps under it too), before anything looks at the packet.
+	// src is the payload, in pieces: the packet's own, or, for a loop packet carried by
+	// reference, its bytes resolved now, under dev.mu (Memory.Free unmaps under it too),
+	// before anything looks at the packet.
 	var srcBuf [maxRefSegs][]byte
-	var src [][]byte
+	src := srcBuf[:1]
 	if ref != nil && ref.n > 0 {
 		src = srcBuf[:ref.n]
 		if !d.resolveRef(ref, src) {
@@ -847,6 +848,8 @@ func (d *Device) input(pk *link.Packet, ref *loopRef, now time.Time) {
 			d.stats.dropped.Add(1)
 			return
 		}
+	} else {
+		srcBuf[0] = p.Payload()
 	}
 	bth := p.BTH()
 	op := p.Opcode()

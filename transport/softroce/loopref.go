@@ -177,26 +177,18 @@ func (d *Device) resolveRef(r *loopRef, src [][]byte) bool {
 	return true
 }
 
-// copyInSrc writes a payload at MR address va (range already checked): src's pieces in order
-// (a packet carried by reference) or, when src is nil, pl.
-func (m *mr) copyInSrc(va uint64, pl []byte, src [][]byte) {
-	if src == nil {
-		m.copyIn(va, pl)
-		return
-	}
+// copyInPieces writes a payload, src's pieces in order, at MR address va (range already
+// checked).
+func (m *mr) copyInPieces(va uint64, src [][]byte) {
 	for _, b := range src {
 		m.copyIn(va, b)
 		va += uint64(len(b))
 	}
 }
 
-// scatterSrc is scatter of a payload: src's pieces in order (a packet carried by reference;
-// each piece is scattered from its message offset on, with the same checks) or, when src is
-// nil, pl.
-func (q *qp) scatterSrc(p *pd, sgl []transport.SGE, off uint32, pl []byte, src [][]byte) bool {
-	if src == nil {
-		return q.scatter(p, sgl, off, pl)
-	}
+// scatterPieces is scatter of a payload in pieces: each is scattered from its message offset
+// on, with the same checks.
+func (q *qp) scatterPieces(p *pd, sgl []transport.SGE, off uint32, src [][]byte) bool {
 	for _, b := range src {
 		if !q.scatter(p, sgl, off, b) {
 			return false

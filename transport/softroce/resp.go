@@ -63,8 +63,8 @@ func (q *qp) classC(code wire.NakCode, psn wire.PSN, st transport.WCStatus) {
 	q.toError()
 }
 
-// respond processes one request packet. A loop packet carried by reference has its payload
-// in src (loopref.go); otherwise src is nil. dev.mu held.
+// respond processes one request packet whose payload is src's pieces in order (the packet's
+// own, or a loop packet's carried by reference: loopref.go). dev.mu held.
 func (q *qp) respond(p wire.Packet, src [][]byte, now time.Time) {
 	bth := p.BTH()
 	psn := bth.PSN()
@@ -174,7 +174,7 @@ func (q *qp) respond(p wire.Packet, src [][]byte, now time.Time) {
 				q.classC(wire.NakInvalidRequest, psn, transport.WCLocLenErr)
 				return
 			}
-			if !q.scatterSrc(q.pd, r.sge, q.resp.recvOff, p.Payload(), src) {
+			if !q.scatterPieces(q.pd, r.sge, q.resp.recvOff, src) {
 				q.classC(wire.NakRemoteOperational, psn, transport.WCLocProtErr)
 				return
 			}
@@ -220,7 +220,7 @@ func (q *qp) respond(p wire.Packet, src [][]byte, now time.Time) {
 				q.classC(wire.NakRemoteAccessError, psn, transport.WCRemAccessErr)
 				return
 			}
-			m.copyInSrc(q.resp.wrVA, p.Payload(), src)
+			m.copyInPieces(q.resp.wrVA, src)
 			q.resp.wrVA += uint64(pl)
 			q.resp.wrResid -= uint32(pl)
 		}

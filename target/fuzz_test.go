@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/srpd/srpd/internal/fuzzbound"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
 )
@@ -94,75 +95,80 @@ func FuzzChannelIU(f *testing.F) {
 	f.Add(joinIUs([]byte{0x02}, []byte{}, []byte{0x77, 1, 2}))
 	f.Add(joinIUs(ext[:60]))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		start := time.Now()
-		defer func() {
-			if d := time.Since(start); d > 3*time.Second {
-				t.Errorf("iteration took %v", d)
-			}
-		}()
-		fc := newFakeChan(t, fuzzLimits, true)
-		ch := fc.ch
-		depth := int32(ch.depth)
-		ius := splitIUs(data)
-		for i, iu := range ius {
-			if !fc.qp.deliver(iu.b) {
-				break // no receive posted: the initiator would get an RNR NAK
-			}
-			if !iu.drive && i+1 < len(ius) {
-				continue
-			}
-			fc.drive(t)
-			if ch.st() == chLive && ch.owed != 0 {
-				t.Fatalf("idle channel owes %d responses", ch.owed)
-			}
-			if ch.cr.reqLim+int32(ch.owed)+ch.cr.pending != depth {
-				t.Fatalf("credits: reqLim %d + owed %d + pending %d != %d", ch.cr.reqLim, ch.owed, ch.cr.pending, depth)
-			}
-		}
-		var given int64
-		for _, b := range fc.qp.sent {
-			op, err := srp.PeekOpcode(b)
-			if err != nil {
-				t.Fatalf("empty IU sent")
-			}
-			switch op {
-			case srp.OpRsp:
-				r, err := srp.ParseRsp(b)
-				if err != nil {
-					t.Fatalf("bad SRP_RSP %x: %v", b, err)
-				}
-				if r.ReqLimDelta() < 1 {
-					t.Fatalf("SRP_RSP with delta %d", r.ReqLimDelta())
-				}
-				if r.Flags()&srp.RspValid != 0 && len(r.RespData()) != 4 {
-					t.Fatalf("TM response data %x", r.RespData())
-				}
-				if len(b) > ch.tiLen {
-					t.Fatalf("IU of %d bytes > max TI IU %d", len(b), ch.tiLen)
-				}
-				given += int64(r.ReqLimDelta())
-			case srp.OpCredReq:
-				r, err := srp.ParseCredReq(b)
-				if err != nil || r.ReqLimDelta() < 1 {
-					t.Fatalf("bad SRP_CRED_REQ %x", b)
-				}
-				given += int64(r.ReqLimDelta())
-			case srp.OpTLogout:
-				if _, err := srp.ParseTLogout(b); err != nil {
-					t.Fatalf("bad SRP_T_LOGOUT %x", b)
-				}
-			default:
-				t.Fatalf("target sent %v", op)
-			}
-		}
-		if uint64(given) != ch.cr.returned || int64(ch.cr.reqLim) != int64(depth)-int64(ch.cr.consumed)+given {
-			t.Fatalf("credits: given %d, returned %d, consumed %d, reqLim %d", given, ch.cr.returned, ch.cr.consumed, ch.cr.reqLim)
-		}
-		fc.close(t)
-		if s := fc.t.Stats(); s.Channels != 0 || s.MRs != 0 || s.MemoryBytes != 0 || s.Sessions != 0 {
-			t.Fatalf("after close: %+v", s)
-		}
+		fuzzbound.Run(t, func() { checkChannelIU(t, data) })
 	})
+}
+
+// checkChannelIU is one FuzzChannelIU input.
+func checkChannelIU(t *testing.T, data []byte) {
+	start := time.Now()
+	defer func() {
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("iteration took %v", d)
+		}
+	}()
+	fc := newFakeChan(t, fuzzLimits, true)
+	ch := fc.ch
+	depth := int32(ch.depth)
+	ius := splitIUs(data)
+	for i, iu := range ius {
+		if !fc.qp.deliver(iu.b) {
+			break // no receive posted: the initiator would get an RNR NAK
+		}
+		if !iu.drive && i+1 < len(ius) {
+			continue
+		}
+		fc.drive(t)
+		if ch.st() == chLive && ch.owed != 0 {
+			t.Fatalf("idle channel owes %d responses", ch.owed)
+		}
+		if ch.cr.reqLim+int32(ch.owed)+ch.cr.pending != depth {
+			t.Fatalf("credits: reqLim %d + owed %d + pending %d != %d", ch.cr.reqLim, ch.owed, ch.cr.pending, depth)
+		}
+	}
+	var given int64
+	for _, b := range fc.qp.sent {
+		op, err := srp.PeekOpcode(b)
+		if err != nil {
+			t.Fatalf("empty IU sent")
+		}
+		switch op {
+		case srp.OpRsp:
+			r, err := srp.ParseRsp(b)
+			if err != nil {
+				t.Fatalf("bad SRP_RSP %x: %v", b, err)
+			}
+			if r.ReqLimDelta() < 1 {
+				t.Fatalf("SRP_RSP with delta %d", r.ReqLimDelta())
+			}
+			if r.Flags()&srp.RspValid != 0 && len(r.RespData()) != 4 {
+				t.Fatalf("TM response data %x", r.RespData())
+			}
+			if len(b) > ch.tiLen {
+				t.Fatalf("IU of %d bytes > max TI IU %d", len(b), ch.tiLen)
+			}
+			given += int64(r.ReqLimDelta())
+		case srp.OpCredReq:
+			r, err := srp.ParseCredReq(b)
+			if err != nil || r.ReqLimDelta() < 1 {
+				t.Fatalf("bad SRP_CRED_REQ %x", b)
+			}
+			given += int64(r.ReqLimDelta())
+		case srp.OpTLogout:
+			if _, err := srp.ParseTLogout(b); err != nil {
+				t.Fatalf("bad SRP_T_LOGOUT %x", b)
+			}
+		default:
+			t.Fatalf("target sent %v", op)
+		}
+	}
+	if uint64(given) != ch.cr.returned || int64(ch.cr.reqLim) != int64(depth)-int64(ch.cr.consumed)+given {
+		t.Fatalf("credits: given %d, returned %d, consumed %d, reqLim %d", given, ch.cr.returned, ch.cr.consumed, ch.cr.reqLim)
+	}
+	fc.close(t)
+	if s := fc.t.Stats(); s.Channels != 0 || s.MRs != 0 || s.MemoryBytes != 0 || s.Sessions != 0 {
+		t.Fatalf("after close: %+v", s)
+	}
 }
 
 // BenchmarkCommandPath measures the target's command path (receive → parse → admit → data

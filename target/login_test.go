@@ -3,6 +3,7 @@ package target
 import (
 	"testing"
 
+	"github.com/srpd/srpd/internal/fuzzbound"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
 )
@@ -246,24 +247,29 @@ func FuzzDecideLogin(f *testing.F) {
 	r.Encode(ib[:])
 	f.Add(ib[:], 1)
 	f.Fuzz(func(t *testing.T, data []byte, existing int) {
-		req, err := ParseLoginReq(data)
-		if err != nil {
-			return
-		}
-		p := testPolicy()
-		existing &= 7
-		d := decideLogin(p, &req, ConnInfo{}, existing)
-		if !d.Accepted {
-			if d.Cause == CauseNone || d.Rej.Reason < srp.RejUnableEstablishChannel || d.Rej.Reason > srp.RejChannelLimitReached {
-				t.Fatalf("reject without cause: %+v", d)
-			}
-			return
-		}
-		if d.Rsp.MaxITIULen < minITIULen || d.Rsp.MaxITIULen > p.lim.MaxITIULen || d.Rsp.ReqLimDelta != int32(p.lim.QueueDepth) {
-			t.Fatalf("bad response %+v", d.Rsp)
-		}
-		if d.ImmDataOffset != 0 && (d.ImmDataOffset < srp.CmdHdrLen || d.ImmDataOffset >= int(d.Rsp.MaxITIULen)) {
-			t.Fatalf("bad immediate offset %d", d.ImmDataOffset)
-		}
+		fuzzbound.Run(t, func() { checkDecideLogin(t, data, existing) })
 	})
+}
+
+// checkDecideLogin is one FuzzDecideLogin input.
+func checkDecideLogin(t *testing.T, data []byte, existing int) {
+	req, err := ParseLoginReq(data)
+	if err != nil {
+		return
+	}
+	p := testPolicy()
+	existing &= 7
+	d := decideLogin(p, &req, ConnInfo{}, existing)
+	if !d.Accepted {
+		if d.Cause == CauseNone || d.Rej.Reason < srp.RejUnableEstablishChannel || d.Rej.Reason > srp.RejChannelLimitReached {
+			t.Fatalf("reject without cause: %+v", d)
+		}
+		return
+	}
+	if d.Rsp.MaxITIULen < minITIULen || d.Rsp.MaxITIULen > p.lim.MaxITIULen || d.Rsp.ReqLimDelta != int32(p.lim.QueueDepth) {
+		t.Fatalf("bad response %+v", d.Rsp)
+	}
+	if d.ImmDataOffset != 0 && (d.ImmDataOffset < srp.CmdHdrLen || d.ImmDataOffset >= int(d.Rsp.MaxITIULen)) {
+		t.Fatalf("bad immediate offset %d", d.ImmDataOffset)
+	}
 }

@@ -29,7 +29,11 @@ const (
 // contexts, each with Limits.MaxTransfer bytes of data buffer). Nothing is allocated per I/O
 // afterwards. The receive ring is posted before return, so that the initiator may send as soon
 // as the QP is connected.
-func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *LoginDecision) (ch *channel, err error) {
+//
+// A failure at any step undoes the steps before it, in reverse order. The results are unnamed
+// on purpose: the cleanups close over the local ch, and a named result would be set to nil by
+// `return nil, err` before they run (the login-flood panic at the QP limit).
+func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *LoginDecision) (_ *channel, err error) {
 	lim := &t.lim
 	attr := dev.Attr()
 	depth := d.QueueDepth
@@ -64,7 +68,7 @@ func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *Logi
 	}
 	itLen, tiLen := d.MaxITIULen(), d.MaxTIIULen()
 
-	ch = &channel{
+	ch := &channel{
 		t:       t,
 		sess:    s,
 		id:      id,

@@ -148,6 +148,8 @@ type channel struct {
 	done   chan struct{}
 	reaped chan struct{} // closed once the memory is released
 
+	memRes int64 // registered memory reserved at admission (given back by releaseMemory)
+
 	stats chanCounters
 }
 
@@ -957,6 +959,8 @@ func (ch *channel) releaseMemory(errs []error) {
 	if err := ch.pd.Close(); err != nil && !errors.Is(err, transport.ErrClosed) {
 		errs = append(errs, fmt.Errorf("PD: %w", err))
 	}
+	ch.t.putMemory(ch.memRes)
+	ch.memRes = 0
 	if err := errors.Join(errs...); err != nil {
 		ch.log.Error("releasing channel resources", zap.Error(err))
 	}

@@ -3,6 +3,8 @@ package target
 import (
 	"errors"
 	"fmt"
+	"net/netip"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -35,6 +37,15 @@ const (
 	DefaultLUNWorkers = 8
 	// DefaultTeardownTimeout bounds the drain of a channel.
 	DefaultTeardownTimeout = 5 * time.Second
+	// DefaultMaxSessions is the sessions (I_T nexuses) one target accepts.
+	DefaultMaxSessions = 1024
+	// DefaultKeepAliveInterval is how long a channel may be silent before the target probes
+	// its peer, and how long the probe may take: a peer gone without a DREQ is found within
+	// about this interval after its last sign of life.
+	DefaultKeepAliveInterval = 30 * time.Second
+	// DefaultStallTimeout is how long a command may wait on the transport (RDMA transfers, the
+	// response send, send-queue room) before the channel counts as stalled.
+	DefaultStallTimeout = 60 * time.Second
 	// DefaultLogoutTimeout bounds the wait for an SRP_T_LOGOUT's completion before the
 	// disconnect.
 	DefaultLogoutTimeout = 500 * time.Millisecond
@@ -102,6 +113,30 @@ type Limits struct {
 	// LogoutTimeout bounds the wait for an SRP_T_LOGOUT's send completion before the
 	// disconnect (DefaultLogoutTimeout).
 	LogoutTimeout time.Duration
+	// MaxSessions bounds the sessions of the target (DefaultMaxSessions; negative: none). A
+	// login that would open one more is rejected with "insufficient resources"
+	// (CauseSessionLimit); a SINGLE login replacing its initiator's session is not counted
+	// twice.
+	MaxSessions int
+	// MaxMemory bounds the registered memory of the target's channels in bytes (0: no bound of
+	// the target's own; Config.Budget may bound all targets together). A login whose channel
+	// would not fit is rejected with "insufficient resources" (CauseMemoryBudget) before
+	// anything is allocated.
+	MaxMemory int64
+	// KeepAliveInterval is the liveness check of idle channels (DefaultKeepAliveInterval;
+	// negative: off). A channel with no completion for half of it gets a zero-length RDMA
+	// WRITE, which the peer's RC transport acknowledges without its ULP (IBA C9-88: no rkey
+	// is checked); a probe not completed within the other half means the peer is gone, and
+	// the channel is torn down and its memory released.
+	KeepAliveInterval time.Duration
+	// StallTimeout is how long a command may wait on the transport — an RDMA READ or WRITE,
+	// its response SEND, room in the send queue — before the channel is reported stalled
+	// (DefaultStallTimeout; negative: off). Time spent executing on the backend does not
+	// count. What happens then is StallAction.
+	StallTimeout time.Duration
+	// StallAction is what a stall does: StallClose (the default) tears the channel down, so a
+	// hostile or broken initiator only hurts its own session; StallLog only reports it.
+	StallAction StallAction
 	// MaxInitiatorDepth caps the RDMA READs the target keeps outstanding towards an initiator
 	// (the CM initiator depth; ≤ what the peer offers as responder resources). Default 4, as
 	// ib_srpt.
@@ -134,6 +169,15 @@ func (l Limits) withDefaults() Limits {
 	if l.LogoutTimeout <= 0 {
 		l.LogoutTimeout = DefaultLogoutTimeout
 	}
+	if l.MaxSessions == 0 {
+		l.MaxSessions = DefaultMaxSessions
+	}
+	if l.KeepAliveInterval == 0 {
+		l.KeepAliveInterval = DefaultKeepAliveInterval
+	}
+	if l.StallTimeout == 0 {
+		l.StallTimeout = DefaultStallTimeout
+	}
 	if l.MaxInitiatorDepth == 0 {
 		l.MaxInitiatorDepth = 4
 	}
@@ -160,8 +204,37 @@ func (l Limits) validate() error {
 		return fmt.Errorf("target: max descriptors %d: at most %d", l.MaxDescriptors, maxMaxDescriptors)
 	case l.MaxChannels > 1024:
 		return fmt.Errorf("target: max channels %d: at most 1024", l.MaxChannels)
+	case l.MaxMemory < 0:
+		return fmt.Errorf("target: max memory %d: negative", l.MaxMemory)
+	case l.KeepAliveInterval > 0 && l.KeepAliveInterval < 100*time.Millisecond:
+		return fmt.Errorf("target: keep-alive interval %v: at least 100ms", l.KeepAliveInterval)
+	case l.StallTimeout > 0 && l.StallTimeout < 100*time.Millisecond:
+		return fmt.Errorf("target: stall timeout %v: at least 100ms", l.StallTimeout)
+	case l.StallAction > StallLog:
+		return fmt.Errorf("target: stall action %d: unknown", l.StallAction)
 	}
 	return nil
+}
+
+// StallAction is what a stalled channel does (Limits.StallAction).
+type StallAction uint8
+
+const (
+	// StallClose tears the stalled channel down (without SRP_T_LOGOUT: the peer is not
+	// taking what we send).
+	StallClose StallAction = iota
+	// StallLog only reports the stall (log and counter).
+	StallLog
+)
+
+func (a StallAction) String() string {
+	switch a {
+	case StallClose:
+		return "close"
+	case StallLog:
+		return "log"
+	}
+	return "StallAction(" + strconv.Itoa(int(a)) + ")"
 }
 
 // LUNMapping presents a logical unit to an ACL under a LUN number.
@@ -207,6 +280,13 @@ type Config struct {
 	Limits Limits
 	// Logger receives the target's logs; nil means none.
 	Logger *zap.Logger
+	// Budget, if set, is shared with other targets (a daemon's): sessions, registered memory
+	// and pending logins over all of them. Nil: the target has a budget of its own with only
+	// the login controls' defaults.
+	Budget *Budget
+	// OnChannel, if set, is called by Serve for each channel it establishes (the daemon keeps
+	// a handle on every channel: session kill, remote address and login time).
+	OnChannel func(ch *Channel, initiator srp.PortID, remote netip.AddrPort)
 }
 
 // view is an ACL compiled into a LUNSet.

@@ -38,7 +38,13 @@ const (
 	CauseChannelLimit             // the nexus has its maximum number of channels
 	CauseNoRDMARead               // the peer does not accept RDMA READs (responder resources 0)
 	CauseResources                // creating the channel failed
+	CauseSessionLimit             // the target's or the budget's session bound is reached
+	CauseMemoryBudget             // the channel's registered memory does not fit the budget
+	CauseLoginRate                // the source's login rate or pending logins are over the bound
 )
+
+// NumRejectCauses is the number of RejectCause values (CauseNone included).
+const NumRejectCauses = int(CauseLoginRate) + 1
 
 var causeNames = [...]string{
 	CauseNone:         "none",
@@ -53,6 +59,9 @@ var causeNames = [...]string{
 	CauseChannelLimit: "channel limit reached",
 	CauseNoRDMARead:   "peer accepts no RDMA READ",
 	CauseResources:    "insufficient channel resources",
+	CauseSessionLimit: "session limit reached",
+	CauseMemoryBudget: "registered memory budget exhausted",
+	CauseLoginRate:    "login rate limit of the source",
 }
 
 func (c RejectCause) String() string {
@@ -70,6 +79,8 @@ type LoginDecision struct {
 	Rej      srp.LoginRejFields
 	// Cause is the reason of a rejection (CauseNone when accepted).
 	Cause RejectCause
+	// memory is the registered memory reserved for the channel by admission.
+	memory int64
 	// ACL is the name of the ACL (view) that admitted the initiator.
 	ACL string
 	// Terminate is the number of existing channels of the nexus a SINGLE login terminates.

@@ -36,37 +36,13 @@ const (
 func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *LoginDecision) (_ *channel, err error) {
 	lim := &t.lim
 	attr := dev.Attr()
-	depth := d.QueueDepth
-	nRecv := depth + 1 // +1: responses to target requests (SRP_CRED_RSP) consume no credit
-	nCtx := depth + 1  // +1: an overrunning request gets answered without waiting
-	maxDesc := lim.MaxDescriptors
-	// RDMA work requests of one transfer: one per remote descriptor, plus the splits of
-	// descriptors longer than the device's largest message.
-	maxMsg := uint64(1) << 31
-	if attr.MaxMsgSize > 0 && attr.MaxMsgSize < maxMsg {
-		maxMsg = attr.MaxMsgSize
+	l, err := t.layout(attr, d, dev.Name())
+	if err != nil {
+		return nil, err
 	}
-	maxWR := maxDesc + int((uint64(lim.MaxTransfer)+maxMsg-1)/maxMsg)
-	// Each request slot has an RW context for rwSmall work requests; transfers needing more
-	// (up to maxWR) borrow one of nBig large ones. Sizing every slot for maxWR would cost
-	// (QueueDepth+1) × maxWR work requests per channel (5 MiB at depth 128 and 256
-	// descriptors), for transfers that are rare (ib_srp sends at most cmd_sg_entries = 12
-	// descriptors in the IU, our initiator one per MB of data).
-	smallWR, nBig := min(maxWR, rwSmall), 0
-	if maxWR > smallWR {
-		nBig = min(rwBig, nCtx)
-	}
-	// Send queue: room for two posts per context and one maximal transfer, +3: the control
-	// buffers (T_LOGOUT, CRED_REQ) and frpool's sentinel slot.
-	sqCap := 2*nCtx + maxWR + 3
-	if attr.MaxQPWR > 0 && sqCap > attr.MaxQPWR {
-		sqCap = attr.MaxQPWR
-	}
-	if sqCap < maxWR+1+3 || (attr.MaxQPWR > 0 && nRecv > attr.MaxQPWR) {
-		return nil, fmt.Errorf("target: device %s: max_qp_wr %d too small for %d descriptors and queue depth %d: %w",
-			dev.Name(), attr.MaxQPWR, maxDesc, depth, transport.ErrNoResources)
-	}
-	itLen, tiLen := d.MaxITIULen(), d.MaxTIIULen()
+	depth, nRecv, nCtx := l.depth, l.nRecv, l.nCtx
+	maxDesc, maxWR, smallWR, nBig, sqCap := lim.MaxDescriptors, l.maxWR, l.smallWR, l.nBig, l.sqCap
+	itLen, tiLen := l.itLen, l.tiLen
 
 	ch := &channel{
 		t:       t,
@@ -86,32 +62,19 @@ func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *Logi
 		queues:  make(map[*scsi.LUN]*lunQueue),
 		cr:      newCredits(depth),
 		sqCap:   sqCap,
-		sqFree:  sqCap - 3,
+		sqFree:  sqCap - ctlSlots,
 		events:  make(chan event, nCtx+1),
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 		reaped:  make(chan struct{}),
 		log:     s.log,
+		memRes:  d.memory,
 	}
 	ch.publishCredits()
 
-	// Memory layout.
-	ch.recvStride = alignUp(itLen, 64)
-	rspStride := alignUp(tiLen, 64)
-	extStride := alignUp(2*maxDesc*srp.DirectDescLen, 64)
-	dataStride := alignUp(lim.MaxTransfer, 4096)
-	off := 0
-	dataBase := off
-	off += nCtx * dataStride
-	ch.recvBase = off
-	off += nRecv * ch.recvStride
-	rspBase := off
-	off += nCtx * rspStride
-	ctlBase := off
-	off += 2 * rspStride
-	extBase := off
-	off += nCtx * extStride
-	total := alignUp(off, 4096)
+	ch.recvStride, ch.recvBase = l.recvStride, l.recvBase
+	rspStride, extStride := l.rspStride, l.extStride
+	dataBase, dataStride, rspBase, ctlBase, extBase, total := l.dataBase, l.dataStride, l.rspBase, l.ctlBase, l.extBase, l.total
 
 	var cleanup []func()
 	defer func() {
@@ -202,6 +165,81 @@ func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *Logi
 	t.stats.memBytes.Add(int64(ch.mem.Len()))
 	return ch, nil
 }
+
+// chLayout is a channel's sizes: its queues and the one memory area of its buffers.
+type chLayout struct {
+	depth, nRecv, nCtx int
+	maxWR, smallWR     int
+	nBig, sqCap        int
+	itLen, tiLen       int
+	recvStride         int
+	rspStride          int
+	extStride          int
+	dataStride         int
+	dataBase, recvBase int
+	rspBase, ctlBase   int
+	extBase, total     int
+}
+
+// layout computes the resources a channel for decision d takes on a device with attr. Login
+// uses it to check the memory budget before anything is allocated.
+func (t *Target) layout(attr transport.DeviceAttr, d *LoginDecision, devName string) (chLayout, error) {
+	lim := &t.lim
+	var l chLayout
+	depth := d.QueueDepth
+	l.depth = depth
+	l.nRecv = depth + 1 // +1: responses to target requests (SRP_CRED_RSP) consume no credit
+	l.nCtx = depth + 1  // +1: an overrunning request gets answered without waiting
+	maxDesc := lim.MaxDescriptors
+	// RDMA work requests of one transfer: one per remote descriptor, plus the splits of
+	// descriptors longer than the device's largest message.
+	maxMsg := uint64(1) << 31
+	if attr.MaxMsgSize > 0 && attr.MaxMsgSize < maxMsg {
+		maxMsg = attr.MaxMsgSize
+	}
+	l.maxWR = maxDesc + int((uint64(lim.MaxTransfer)+maxMsg-1)/maxMsg)
+	// Each request slot has an RW context for rwSmall work requests; transfers needing more
+	// (up to maxWR) borrow one of nBig large ones. Sizing every slot for maxWR would cost
+	// (QueueDepth+1) × maxWR work requests per channel (5 MiB at depth 128 and 256
+	// descriptors), for transfers that are rare (ib_srp sends at most cmd_sg_entries = 12
+	// descriptors in the IU, our initiator one per MB of data).
+	l.smallWR = min(l.maxWR, rwSmall)
+	if l.maxWR > l.smallWR {
+		l.nBig = min(rwBig, l.nCtx)
+	}
+	// Send queue: room for two posts per context and one maximal transfer, +ctlSlots: the
+	// control buffers (T_LOGOUT, CRED_REQ), the keep-alive probe and frpool's sentinel slot.
+	l.sqCap = 2*l.nCtx + l.maxWR + ctlSlots
+	if attr.MaxQPWR > 0 && l.sqCap > attr.MaxQPWR {
+		l.sqCap = attr.MaxQPWR
+	}
+	if l.sqCap < l.maxWR+1+ctlSlots || (attr.MaxQPWR > 0 && l.nRecv > attr.MaxQPWR) {
+		return l, fmt.Errorf("target: device %s: max_qp_wr %d too small for %d descriptors and queue depth %d: %w",
+			devName, attr.MaxQPWR, maxDesc, depth, transport.ErrNoResources)
+	}
+	l.itLen, l.tiLen = d.MaxITIULen(), d.MaxTIIULen()
+	l.recvStride = alignUp(l.itLen, 64)
+	l.rspStride = alignUp(l.tiLen, 64)
+	l.extStride = alignUp(2*maxDesc*srp.DirectDescLen, 64)
+	l.dataStride = alignUp(lim.MaxTransfer, 4096)
+	off := 0
+	l.dataBase = off
+	off += l.nCtx * l.dataStride
+	l.recvBase = off
+	off += l.nRecv * l.recvStride
+	l.rspBase = off
+	off += l.nCtx * l.rspStride
+	l.ctlBase = off
+	off += 2 * l.rspStride
+	l.extBase = off
+	off += l.nCtx * l.extStride
+	l.total = alignUp(off, 4096)
+	return l, nil
+}
+
+// ctlSlots are the send-queue slots kept out of the commands' share: T_LOGOUT, CRED_REQ, the
+// keep-alive probe, and frpool's sentinel.
+const ctlSlots = 4
 
 // errorsOnly is log without its levels below Error.
 func errorsOnly(log *zap.Logger) *zap.Logger {

@@ -119,6 +119,9 @@ type TargetStats struct {
 	ClosedChannels uint64
 	LoginsAccepted uint64
 	LoginsRejected uint64
+	// LoginsUnfinished counts accepted logins whose connection never completed (no RTU in
+	// time, evicted by newer requests, or the CM failed): what forged requests cost.
+	LoginsUnfinished uint64
 	// Rejects counts rejected logins by cause (indexed by RejectCause).
 	Rejects          [numCauses]uint64
 	TeardownTimeouts uint64 // channels whose drain hit Limits.TeardownTimeout
@@ -141,12 +144,13 @@ type TargetStats struct {
 	Errors   uint64
 }
 
-const numCauses = int(CauseResources) + 1
+const numCauses = NumRejectCauses
 
 type targetCounters struct {
 	sessions, channels, mrs, memBytes, workers atomic.Int64
 	closedChannels                             atomic.Uint64
 	loginsAccepted, loginsRejected             atomic.Uint64
+	loginsUnfinished                           atomic.Uint64
 	rejects                                    [numCauses]atomic.Uint64
 	teardownTimeouts                           atomic.Uint64
 	inline                                     atomic.Uint64
@@ -163,6 +167,7 @@ func (t *Target) Stats() TargetStats {
 		ClosedChannels:   t.stats.closedChannels.Load(),
 		LoginsAccepted:   t.stats.loginsAccepted.Load(),
 		LoginsRejected:   t.stats.loginsRejected.Load(),
+		LoginsUnfinished: t.stats.loginsUnfinished.Load(),
 		TeardownTimeouts: t.stats.teardownTimeouts.Load(),
 		MRs:              t.stats.mrs.Load(),
 		MemoryBytes:      t.stats.memBytes.Load(),

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -36,6 +38,13 @@ type Target struct {
 	queues   map[*scsi.LUN]*lunQueue
 	noLUN    *lunQueue
 	nextID   uint64
+	nSess    int   // sessions holding a session slot (Limits.MaxSessions)
+	memUsed  int64 // registered memory reserved by channels (Limits.MaxMemory)
+
+	budget    *Budget
+	onChannel func(ch *Channel, initiator srp.PortID, remote netip.AddrPort)
+	rejLog    rateLog // login rejections, logged once per source and cause per interval
+	acceptLog rateLog // logins whose connection did not complete
 
 	loops   sync.WaitGroup // channel loops
 	workers sync.WaitGroup // LUN workers
@@ -56,6 +65,7 @@ type session struct {
 	reserved  int           // logins accepted whose channel is not yet attached
 	ended     bool          // no longer the nexus' current session
 	lost      bool          // NexusLost has been reported
+	slot      bool          // holds a session slot of the target and the budget
 	closed    sessionTotals // counters of channels gone; guarded by Target.mu
 }
 
@@ -77,15 +87,20 @@ func New(cfg Config) (*Target, error) {
 		name = cfg.PortID.String()
 	}
 	t := &Target{
-		name:     name,
-		portID:   cfg.PortID,
-		lim:      lim,
-		log:      log.With(zap.String("target", name)),
-		acls:     make(map[srp.PortID]*view),
-		sessions: make(map[srp.PortID]*session),
-		queues:   make(map[*scsi.LUN]*lunQueue),
-		pending:  make(map[*PendingChannel]struct{}),
-		closeCh:  make(chan struct{}),
+		name:      name,
+		portID:    cfg.PortID,
+		lim:       lim,
+		log:       log.With(zap.String("target", name)),
+		acls:      make(map[srp.PortID]*view),
+		sessions:  make(map[srp.PortID]*session),
+		queues:    make(map[*scsi.LUN]*lunQueue),
+		pending:   make(map[*PendingChannel]struct{}),
+		closeCh:   make(chan struct{}),
+		budget:    cfg.Budget,
+		onChannel: cfg.OnChannel,
+	}
+	if t.budget == nil {
+		t.budget = NewBudget(BudgetConfig{})
 	}
 	t.noLUN = newLUNQueue(t, nil)
 	for i := range cfg.ACLs {
@@ -239,9 +254,20 @@ func (t *Target) Login(dev transport.Device, req srp.LoginReq, info ConnInfo) (*
 		t.loginRejected(&req, info, &d, nil)
 		return nil, d, nil
 	}
-	var old *session
 	s := t.sessions[req.InitiatorPortID]
-	if s != nil && req.MultiChannel() == srp.MultiChanSingle && d.Terminate > 0 {
+	replace := s != nil && req.MultiChannel() == srp.MultiChanSingle && d.Terminate > 0
+	// Admission, before anything changes: the channel's registered memory, then a session
+	// slot if this login opens a session (a SINGLE login replacing its initiator's session
+	// takes over the old one's slot).
+	if c := t.admitLocked(dev, &req, &d, s == nil); c != CauseNone {
+		t.mu.Unlock()
+		d = LoginDecision{Rej: srp.LoginRejFields{Reason: srp.RejInsufficientResources, Tag: req.Tag, BufFmt: t.lim.BufFormats},
+			Cause: c}
+		t.loginRejected(&req, info, &d, nil)
+		return nil, d, nil
+	}
+	var old *session
+	if replace {
 		old = s
 		old.ended = true
 		delete(t.sessions, req.InitiatorPortID)
@@ -254,6 +280,10 @@ func (t *Target) Login(dev transport.Device, req srp.LoginReq, info ConnInfo) (*
 			initiator: req.InitiatorPortID,
 			nexus:     scsi.Nexus{InitiatorPortID: req.InitiatorPortID, TargetPortID: t.portID},
 			view:      d.view,
+			slot:      true,
+		}
+		if old != nil && old.slot {
+			old.slot = false // handed over: the new session holds it
 		}
 		s.log = t.log.With(zap.Stringer("initiator", req.InitiatorPortID), zap.Uint64("session", s.id))
 		t.sessions[req.InitiatorPortID] = s
@@ -280,6 +310,7 @@ func (t *Target) Login(dev transport.Device, req srp.LoginReq, info ConnInfo) (*
 
 	ch, err := t.newChannel(dev, s, id, &d)
 	if err != nil {
+		t.putMemory(d.memory)
 		t.mu.Lock()
 		s.reserved--
 		t.endSessionIfEmptyLocked(s)
@@ -314,8 +345,17 @@ func (t *Target) Login(dev transport.Device, req srp.LoginReq, info ConnInfo) (*
 func (t *Target) loginRejected(req *srp.LoginReq, info ConnInfo, d *LoginDecision, err error) {
 	t.stats.loginsRejected.Add(1)
 	t.stats.rejects[d.Cause].Add(1)
+	// A flood of logins must not become a flood of log lines: once per source and cause per
+	// interval, with the number of rejections not logged since.
+	ok, suppressed := t.rejLog.allow(info.Remote.Addr(), d.Cause, time.Now())
+	if !ok {
+		return
+	}
 	fields := []zap.Field{zap.Stringer("initiator", req.InitiatorPortID), zap.Stringer("remote", info.Remote),
 		zap.Stringer("reason", d.Rej.Reason), zap.Stringer("cause", d.Cause)}
+	if suppressed > 0 {
+		fields = append(fields, zap.Int("not_logged_since", suppressed))
+	}
 	if err != nil {
 		fields = append(fields, zap.Error(err))
 	}
@@ -332,6 +372,11 @@ func (t *Target) endSessionIfEmptyLocked(s *session) {
 		delete(t.sessions, s.initiator)
 	}
 	s.ended, s.lost = true, true
+	if s.slot {
+		s.slot = false
+		t.nSess--
+		t.budget.putSession(s.initiator)
+	}
 	s.view.set.NexusLost(s.nexus)
 	t.stats.sessions.Add(-1)
 }

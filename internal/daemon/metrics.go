@@ -20,7 +20,7 @@ var nakCodes = [5]string{"psn_sequence", "invalid_request", "remote_access", "re
 // causeNames label login rejects: the target's cause names in snake case.
 var causeNames = func() []string {
 	var out []string
-	for c := target.RejectCause(0); c <= target.CauseResources; c++ {
+	for c := target.RejectCause(0); int(c) < target.NumRejectCauses; c++ {
 		out = append(out, strings.ReplaceAll(c.String(), " ", "_"))
 	}
 	return out

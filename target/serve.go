@@ -3,6 +3,8 @@ package target
 import (
 	"context"
 	"errors"
+	"net/netip"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -36,6 +38,29 @@ func (t *Target) Serve(ctx context.Context, ln transport.Listener, dev transport
 		case <-ctx.Done():
 		}
 	}()
+	q := newLoginQueue()
+	var workers sync.WaitGroup
+	for range loginWorkers {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			for {
+				l, ok := q.pop(ctx)
+				if !ok {
+					return
+				}
+				t.handleConnRequest(l, dev)
+			}
+		}()
+	}
+	defer func() {
+		cancel()
+		workers.Wait()
+		for _, l := range q.drain() {
+			t.rejectRequest(l.cr, CauseShuttingDown)
+			l.done()
+		}
+	}()
 	for {
 		if t.isClosing() {
 			return nil
@@ -47,19 +72,105 @@ func (t *Target) Serve(ctx context.Context, ln transport.Listener, dev transport
 			}
 			return err
 		}
-		src := req.Info().RemoteAddr
-		actx, done, ok := t.budget.admitRequest(ctx, src.Addr())
+		src := req.Info().RemoteAddr.Addr()
+		actx, done, ok := t.budget.admitRequest(ctx, src)
 		if !ok {
 			t.rejectRequest(req, CauseLoginRate)
 			continue
 		}
-		t.serving.Add(1)
-		go func() {
-			defer t.serving.Done()
-			defer done()
-			t.handleConnRequest(actx, req, dev)
-		}()
+		q.push(&queuedLogin{src: src, cr: req, ctx: actx, done: done})
 	}
+}
+
+// loginWorkers is the number of logins Serve decides at once (creating a channel's resources
+// is CPU work: about a millisecond each).
+const loginWorkers = 2
+
+// queuedLogin is an admitted connection request waiting for a login worker.
+type queuedLogin struct {
+	src  netip.Addr
+	cr   transport.ConnRequest
+	ctx  context.Context // bounds the login; cancelled when the budget evicts it
+	done func()          // gives the pending slot back
+}
+
+// loginQueue hands admitted connection requests to the login workers fairly: round robin
+// over source addresses, and newest first within a source. A burst from some addresses then
+// delays another address's login by at most one login per busy address, and a legitimate
+// initiator that shares an address with a flood is served next for that address (the flood's
+// older requests are the ones the budget evicts).
+type loginQueue struct {
+	mu     sync.Mutex
+	notify chan struct{}
+	bySrc  map[netip.Addr][]*queuedLogin // a stack per source
+	ring   []netip.Addr                  // sources with queued logins, in service order
+}
+
+func newLoginQueue() *loginQueue {
+	return &loginQueue{notify: make(chan struct{}, 1), bySrc: map[netip.Addr][]*queuedLogin{}}
+}
+
+func (q *loginQueue) push(l *queuedLogin) {
+	q.mu.Lock()
+	st, had := q.bySrc[l.src]
+	q.bySrc[l.src] = append(st, l)
+	if !had {
+		q.ring = append(q.ring, l.src)
+	}
+	q.mu.Unlock()
+	select {
+	case q.notify <- struct{}{}:
+	default:
+	}
+}
+
+// pop returns the next login to decide, waiting until there is one or ctx ends.
+func (q *loginQueue) pop(ctx context.Context) (*queuedLogin, bool) {
+	for {
+		q.mu.Lock()
+		if len(q.ring) > 0 {
+			src := q.ring[0]
+			st := q.bySrc[src]
+			l := st[len(st)-1]
+			st[len(st)-1] = nil
+			st = st[:len(st)-1]
+			copy(q.ring, q.ring[1:])
+			q.ring = q.ring[:len(q.ring)-1]
+			if len(st) == 0 {
+				delete(q.bySrc, src)
+			} else {
+				q.bySrc[src] = st
+				q.ring = append(q.ring, src)
+			}
+			more := len(q.ring) > 0
+			q.mu.Unlock()
+			if more { // pass the token on: another worker may take the next one
+				select {
+				case q.notify <- struct{}{}:
+				default:
+				}
+			}
+			return l, true
+		}
+		q.mu.Unlock()
+		select {
+		case <-q.notify:
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
+}
+
+// drain empties the queue (Serve is returning).
+func (q *loginQueue) drain() []*queuedLogin {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var out []*queuedLogin
+	for _, st := range q.bySrc {
+		out = append(out, st...)
+	}
+	q.bySrc, q.ring = map[netip.Addr][]*queuedLogin{}, nil
+	return out
 }
 
 // rejectRequest answers a connection request that is not even decided with SRP_LOGIN_REJ
@@ -83,8 +194,16 @@ func (t *Target) isClosing() bool {
 	return t.closing
 }
 
-// handleConnRequest runs one login over the CM.
-func (t *Target) handleConnRequest(ctx context.Context, cr transport.ConnRequest, dev transport.Device) {
+// handleConnRequest decides one login (on a login worker) and, if it is accepted, waits for
+// the connection on a goroutine of its own.
+func (t *Target) handleConnRequest(l *queuedLogin, dev transport.Device) {
+	cr, ctx := l.cr, l.ctx
+	if ctx.Err() != nil { // evicted or timed out while queued: cheap to answer
+		t.stats.loginsUnfinished.Add(1)
+		t.rejectRequest(cr, CauseLoginRate)
+		l.done()
+		return
+	}
 	ri := cr.Info()
 	info := ConnInfo{Local: ri.LocalAddr, Remote: ri.RemoteAddr, InitiatorDepth: ri.InitiatorDepth, DepthKnown: true}
 	var rej [srp.LoginRejLen]byte
@@ -98,6 +217,7 @@ func (t *Target) handleConnRequest(ctx context.Context, cr transport.ConnRequest
 		}
 		_, _ = srp.LoginRej(rej[:]).Encode(&srp.LoginRejFields{Reason: srp.RejUnableEstablishChannel, BufFmt: t.lim.BufFormats})
 		_ = cr.Reject(rej[:], transport.RejectConsumerDefined)
+		l.done()
 		return
 	}
 	pc, d, _ := t.Login(dev, req, info)
@@ -106,6 +226,7 @@ func (t *Target) handleConnRequest(ctx context.Context, cr transport.ConnRequest
 		if err := cr.Reject(rej[:], transport.RejectConsumerDefined); err != nil {
 			t.log.Debug("sending REJ", zap.Error(err))
 		}
+		l.done()
 		return
 	}
 	param := transport.ConnParam{
@@ -116,7 +237,18 @@ func (t *Target) handleConnRequest(ctx context.Context, cr transport.ConnRequest
 		RNRRetryCount:  7,
 		FlowControl:    true,
 	}
-	// ctx bounds the wait for the RTU (the budget's login timeout, or an eviction).
+	t.serving.Add(1)
+	go func() {
+		defer t.serving.Done()
+		defer l.done()
+		t.connect(ctx, cr, pc, param, req.InitiatorPortID)
+	}()
+}
+
+// connect sends the REP and waits for the RTU (bounded by ctx: the budget's login timeout, or
+// an eviction), then starts the channel.
+func (t *Target) connect(ctx context.Context, cr transport.ConnRequest, pc *PendingChannel, param transport.ConnParam, ini srp.PortID) {
+	ri := cr.Info()
 	conn, err := cr.Accept(ctx, pc.QP(), pc.LoginRsp(), param)
 	if err != nil {
 		t.stats.loginsUnfinished.Add(1)
@@ -136,6 +268,6 @@ func (t *Target) handleConnRequest(ctx context.Context, cr transport.ConnRequest
 		return
 	}
 	if t.onChannel != nil {
-		t.onChannel(ch, req.InitiatorPortID, ri.RemoteAddr)
+		t.onChannel(ch, ini, ri.RemoteAddr)
 	}
 }

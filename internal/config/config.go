@@ -70,6 +70,8 @@ type Config struct {
 	Control    Control     `yaml:"control" json:"control"`
 	Logging    Logging     `yaml:"logging" json:"logging"`
 	Metrics    Metrics     `yaml:"metrics,omitempty" json:"metrics,omitempty"`
+	// Limits are the daemon-wide resource bounds (admission control).
+	Limits GlobalLimits `yaml:"limits,omitempty" json:"limits,omitempty"`
 
 	src *source // where the config was parsed from (positions for Validate); nil if built in code
 }
@@ -170,6 +172,53 @@ type Limits struct {
 	MaxTIIULen Size `yaml:"max_ti_iu_len" json:"max_ti_iu_len"`
 	// ImmediateData offers SRP-2 immediate data for writes (default true).
 	ImmediateData *bool `yaml:"immediate_data" json:"immediate_data"`
+	// MaxSessions bounds the target's sessions (I_T nexuses); omitted: 1024. A login over it
+	// gets SRP_LOGIN_REJ "insufficient resources".
+	MaxSessions int `yaml:"max_sessions,omitempty" json:"max_sessions,omitempty"`
+	// MaxRegisteredMemory bounds the memory the target's channels register (each channel:
+	// (queue_depth + 1) × (max transfer + IU sizes)); omitted: only the daemon-wide bound.
+	MaxRegisteredMemory Size `yaml:"max_registered_memory,omitempty" json:"max_registered_memory,omitempty"`
+	// KeepaliveInterval is the liveness check of idle channels (a zero-length RDMA WRITE the
+	// peer's RC transport must acknowledge): a peer gone without a DREQ is reaped about this
+	// long after its last sign of life. Omitted: 30s; "off" disables it.
+	KeepaliveInterval *Timeout `yaml:"keepalive_interval,omitempty" json:"keepalive_interval,omitempty"`
+	// StallTimeout is how long a command may wait on the transport (RDMA transfers, the
+	// response send) before its channel counts as stalled; backend time does not count.
+	// Omitted: 60s; "off" disables it.
+	StallTimeout *Timeout `yaml:"stall_timeout,omitempty" json:"stall_timeout,omitempty"`
+	// StallAction is what a stalled channel does: "close" (default: torn down, so a broken
+	// initiator hurts only its own session) or "log".
+	StallAction string `yaml:"stall_action,omitempty" json:"stall_action,omitempty"`
+}
+
+// Stall actions.
+const (
+	StallClose = "close"
+	StallLog   = "log"
+)
+
+// GlobalLimits bound what all targets of the daemon hold together, and the connection
+// requests each source address may send. Omitted fields take the defaults named on each.
+type GlobalLimits struct {
+	// MaxSessions bounds the sessions of all targets; omitted: no bound beyond each target's.
+	MaxSessions int `yaml:"max_sessions,omitempty" json:"max_sessions,omitempty"`
+	// MaxSessionsPerInitiator bounds the sessions one initiator port ID has over all targets;
+	// omitted: no bound.
+	MaxSessionsPerInitiator int `yaml:"max_sessions_per_initiator,omitempty" json:"max_sessions_per_initiator,omitempty"`
+	// MaxRegisteredMemory bounds the memory all channels register; omitted: half of the
+	// machine's memory (MemTotal / 2).
+	MaxRegisteredMemory Size `yaml:"max_registered_memory,omitempty" json:"max_registered_memory,omitempty"`
+	// MaxPendingLogins bounds the logins waiting for their RTU (half-open), in total; omitted:
+	// 256. At the bound, a new request evicts the oldest pending login of the busiest source.
+	MaxPendingLogins int `yaml:"max_pending_logins,omitempty" json:"max_pending_logins,omitempty"`
+	// MaxPendingLoginsPerSource bounds one source address's half-open logins; omitted: 32.
+	MaxPendingLoginsPerSource int `yaml:"max_pending_logins_per_source,omitempty" json:"max_pending_logins_per_source,omitempty"`
+	// LoginRatePerSource is the connection requests per second one source address may send
+	// (bursts of 6× that); omitted: 50.
+	LoginRatePerSource int `yaml:"login_rate_per_source,omitempty" json:"login_rate_per_source,omitempty"`
+	// LoginTimeout bounds the wait for the RTU after our REP; it shrinks to 1s while more than
+	// half of max_pending_logins are taken. Omitted: 10s.
+	LoginTimeout Duration `yaml:"login_timeout,omitempty" json:"login_timeout,omitempty"`
 }
 
 // Session is an initiator connection to a remote SRP target, kept up by the daemon.

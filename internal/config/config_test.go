@@ -71,7 +71,10 @@ func TestExampleConfigsValidate(t *testing.T) {
 		"serial", "acls", "initiator", "limits", "max_channels", "queue_depth", "max_it_iu_len",
 		"max_ti_iu_len", "immediate_data", "sessions", "source", "target_port_id", "initiator_ext",
 		"ch_count", "connect_timeout", "reconnect_delay", "fast_io_fail_tmo", "dev_loss_tmo", "nbd", "lun",
-		"socket", "control", "mode", "group", "logging", "level", "format", "metrics"} {
+		"socket", "control", "mode", "group", "logging", "level", "format", "metrics",
+		"max_sessions", "max_registered_memory", "keepalive_interval", "stall_timeout", "stall_action",
+		"max_sessions_per_initiator", "max_pending_logins", "max_pending_logins_per_source",
+		"login_rate_per_source", "login_timeout"} {
 		if !strings.Contains(ref, key+":") {
 			t.Errorf("srpd.reference.yaml does not document %q", key)
 		}
@@ -197,6 +200,16 @@ func TestParseErrors(t *testing.T) {
 			[]string{`targets[0].listen[0]: 10.1.1.1 is not an address of transport "lo"`}, ErrInvalid},
 		{"softroce needs an address", "transports:\n  - name: x\n", []string{"test.yaml:2: transports[0].address: the softroce driver needs an address or an interface"}, ErrMissing},
 		{"verbs without the tag", "transports:\n  - name: x\n    driver: verbs:mlx5_0\n", []string{"transports[0].driver: this build of srpd has no verbs support"}, ErrUnsupported},
+		{"stall action", minimal + "    limits:\n      stall_action: panic\n",
+			[]string{`test.yaml:15: targets[0].limits.stall_action: "panic" must be close or log`}, ErrInvalid},
+		{"keepalive too short", minimal + "    limits:\n      keepalive_interval: 1ms\n",
+			[]string{`targets[0].limits.keepalive_interval: 1ms is too short: at least 100ms, or off`}, ErrInvalid},
+		{"negative max sessions", minimal + "    limits:\n      max_sessions: -1\n",
+			[]string{`targets[0].limits.max_sessions: -1 is out of range`}, ErrInvalid},
+		{"global login timeout", "limits:\n  login_timeout: 1ms\n",
+			[]string{`limits.login_timeout: 1ms is too short: at least 100ms`}, ErrInvalid},
+		{"global unknown", "limits:\n  max_session: 4\n",
+			[]string{`limits.max_session: unknown field (did you mean "max_sessions"?)`}, ErrUnknownField},
 		{"mtu", "transports:\n  - name: x\n    address: ::1\n    mtu: 1500\n", []string{"test.yaml:4: transports[0].mtu: 1500 must be 256, 512, 1024, 2048 or 4096"}, ErrInvalid},
 		{"log level", "logging:\n  level: verbose\n", []string{`test.yaml:2: logging.level: "verbose" must be debug, info, warn or error`}, ErrInvalid},
 		{"control mode", "control:\n  mode: \"0440\"\n", []string{"control.mode: 0440 must give the owner read and write"}, ErrInvalid},

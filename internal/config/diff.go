@@ -42,16 +42,18 @@ type Changeset struct {
 	TargetDiffs []TargetDiff    `json:"target_diffs,omitempty"`
 	// Sessions (initiator connections) by name; a changed session reconnects.
 	Sessions Changes[string] `json:"sessions"`
-	// Control, Logging, Metrics: whether that section changed.
+	// Control, Logging, Metrics, Limits: whether that section changed. New daemon-wide
+	// limits apply to what is admitted next; nothing admitted is taken back.
 	Control bool `json:"control,omitempty"`
 	Logging bool `json:"logging,omitempty"`
 	Metrics bool `json:"metrics,omitempty"`
+	Limits  bool `json:"limits,omitempty"`
 }
 
 // Empty reports whether the configurations are equivalent.
 func (d *Changeset) Empty() bool {
 	return d.Transports.Empty() && d.Targets.Empty() && d.Sessions.Empty() &&
-		!d.Control && !d.Logging && !d.Metrics
+		!d.Control && !d.Logging && !d.Metrics && !d.Limits
 }
 
 // Target returns the diff of the changed target named name, or nil.
@@ -109,7 +111,7 @@ func (d *Changeset) Summary() []string {
 	for _, s := range []struct {
 		name    string
 		changed bool
-	}{{"control", d.Control}, {"logging", d.Logging}, {"metrics", d.Metrics}} {
+	}{{"control", d.Control}, {"logging", d.Logging}, {"metrics", d.Metrics}, {"limits", d.Limits}} {
 		if s.changed {
 			out = append(out, s.name+" settings changed")
 		}
@@ -157,6 +159,7 @@ func Diff(old, new *Config) *Changeset {
 		Control:    old.Control != new.Control,
 		Logging:    old.Logging != new.Logging,
 		Metrics:    old.Metrics != new.Metrics,
+		Limits:     old.Limits != new.Limits,
 	}
 	d.Targets = diffKeyed(old.Targets, new.Targets, func(t *Target) string { return t.Name }, func(a, b *Target) bool {
 		td := diffTarget(a, b)

@@ -21,6 +21,8 @@ const (
 	maxMaxTIIULen = 64 << 10
 	maxChannels   = 256
 	minQueueDepth = 2 // one credit stays reserved for task management
+	maxSessions   = 1 << 20
+	minKeepalive  = 100 * time.Millisecond
 	maxQueueDepth = 4096
 	maxSocketPath = 107 // sizeof(sun_path) - 1
 
@@ -188,6 +190,7 @@ func (v *validator) config(c *Config) {
 	if c.Version != DefaultVersion {
 		v.errorf("version", ErrInvalid, "unsupported version %d (this srpd reads version %d)", c.Version, DefaultVersion)
 	}
+	v.globalLimits("limits", &c.Limits)
 
 	transports := map[string]int{}
 	for i := range c.Transports {
@@ -510,6 +513,30 @@ func (v *validator) limits(p string, l *Limits) {
 	v.rng(join(p, "queue_depth"), int64(l.QueueDepth), minQueueDepth, maxQueueDepth, "")
 	v.rng(join(p, "max_it_iu_len"), int64(l.MaxITIULen), minMaxITIULen, maxIULen, " bytes")
 	v.rng(join(p, "max_ti_iu_len"), int64(l.MaxTIIULen), minMaxTIIULen, maxMaxTIIULen, " bytes")
+	v.rng(join(p, "max_sessions"), int64(l.MaxSessions), 0, maxSessions, "")
+	if l.KeepaliveInterval != nil && !l.KeepaliveInterval.Off() && l.KeepaliveInterval.Duration() < minKeepalive {
+		v.errorf(join(p, "keepalive_interval"), ErrInvalid, "%v is too short: at least %v, or off", l.KeepaliveInterval, minKeepalive)
+	}
+	if l.StallTimeout != nil && !l.StallTimeout.Off() && l.StallTimeout.Duration() < minKeepalive {
+		v.errorf(join(p, "stall_timeout"), ErrInvalid, "%v is too short: at least %v, or off", l.StallTimeout, minKeepalive)
+	}
+	switch l.StallAction {
+	case "", StallClose, StallLog:
+	default:
+		v.errorf(join(p, "stall_action"), ErrInvalid, "%q must be close or log", l.StallAction)
+	}
+}
+
+// globalLimits checks the daemon-wide bounds.
+func (v *validator) globalLimits(p string, l *GlobalLimits) {
+	v.rng(join(p, "max_sessions"), int64(l.MaxSessions), 0, maxSessions, "")
+	v.rng(join(p, "max_sessions_per_initiator"), int64(l.MaxSessionsPerInitiator), 0, maxSessions, "")
+	v.rng(join(p, "max_pending_logins"), int64(l.MaxPendingLogins), 0, 65536, "")
+	v.rng(join(p, "max_pending_logins_per_source"), int64(l.MaxPendingLoginsPerSource), 0, 65536, "")
+	v.rng(join(p, "login_rate_per_source"), int64(l.LoginRatePerSource), 0, 1_000_000, " per second")
+	if l.LoginTimeout != 0 && time.Duration(l.LoginTimeout) < 100*time.Millisecond {
+		v.errorf(join(p, "login_timeout"), ErrInvalid, "%v is too short: at least 100ms", l.LoginTimeout)
+	}
 }
 
 func (v *validator) session(p string, s *Session) {

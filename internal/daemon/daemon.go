@@ -32,6 +32,7 @@ import (
 	"github.com/srpd/srpd/internal/ctlapi"
 	"github.com/srpd/srpd/internal/logging"
 	"github.com/srpd/srpd/internal/sdnotify"
+	"github.com/srpd/srpd/target"
 )
 
 // DefaultDrainTimeout bounds a shutdown (and each stop during a reload).
@@ -81,6 +82,9 @@ type Daemon struct {
 	ctl        *controlServer
 	metrics    *metricsServer
 
+	// budget is the admission control all targets share (config limits:).
+	budget *target.Budget
+
 	reloads, reloadFailures, mutations atomic.Uint64
 	sessionSeq                         atomic.Uint64 // session numbers of the API (targetRT.ids)
 }
@@ -97,7 +101,7 @@ func New(opts Options) *Daemon {
 	}
 	return &Daemon{opts: opts, log: log, version: v, cfg: emptyConfig(),
 		transports: map[string]*transportRT{}, targets: map[string]*targetRT{}, conns: map[string]*connRT{},
-		failed: map[string]string{}}
+		failed: map[string]string{}, budget: target.NewBudget(budgetConfig(&config.GlobalLimits{}))}
 }
 
 func emptyConfig() *config.Config {
@@ -304,6 +308,7 @@ func (d *Daemon) makePlan(old, new *config.Config) *plan {
 // caller decides whether to keep new (reload) or go back to old (API mutations).
 func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 	p := d.makePlan(old, new)
+	d.budget.SetConfig(budgetConfig(&new.Limits))
 	var errs []error
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opts.drainTimeout())
 	defer cancel()

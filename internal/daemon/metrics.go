@@ -45,6 +45,18 @@ func (d *Daemon) collect() *expo {
 	e.counter("srpd_config_api_changes_total", "Configuration changes made through the control API.", d.mutations.Load())
 	e.gauge("srpd_failed_objects", "Configured objects (transports, targets, sessions, metrics) that are not running.", float64(len(d.failed)))
 
+	if b := d.budget; b != nil {
+		u, bc := b.Usage(), b.Config()
+		e.gauge("srpd_admission_sessions", "Sessions of all targets holding a session slot.", float64(u.Sessions))
+		e.gauge("srpd_admission_sessions_limit", "The daemon-wide session bound (limits.max_sessions; 0: none).", float64(bc.MaxSessions))
+		e.gauge("srpd_admission_registered_memory_bytes", "Registered memory reserved by the channels of all targets.", float64(u.Memory))
+		e.gauge("srpd_admission_registered_memory_limit_bytes", "The daemon-wide registered memory bound (limits.max_registered_memory; 0: none).", float64(bc.MaxMemory))
+		e.gauge("srpd_admission_pending_logins", "Logins waiting for their RTU (half-open).", float64(u.PendingLogins))
+		e.counter("srpd_admission_pending_logins_evicted_total", "Pending logins ended early to make room for newer requests.", u.Evicted)
+		e.counter("srpd_admission_pending_logins_timed_out_total", "Pending logins whose RTU did not come within the login timeout.", u.TimedOut)
+		e.counter("srpd_admission_rate_limited_total", "Connection requests rejected by the per-source login rate.", u.RateLimited)
+	}
+
 	for _, name := range sortedKeys(d.transports) {
 		t := d.transports[name]
 		s, cm, ok := t.softroceStats()
@@ -89,7 +101,8 @@ func (d *Daemon) collect() *expo {
 		e.gauge("srpd_target_sessions", "Initiators logged in (I_T nexuses).", float64(st.Sessions), l...)
 		e.gauge("srpd_target_channels", "Live RDMA channels.", float64(st.Channels), l...)
 		e.counter("srpd_target_logins_total", "Logins, by result.", st.LoginsAccepted, "target", name, "result", "accepted")
-		e.counter("srpd_target_logins_total", "Logins, by result.", st.LoginsRejected+t.malformed.Load(), "target", name, "result", "rejected")
+		e.counter("srpd_target_logins_total", "Logins, by result.", st.LoginsRejected, "target", name, "result", "rejected")
+		e.counter("srpd_target_logins_unfinished_total", "Accepted logins whose connection never completed (no RTU in time, or evicted by newer requests): what forged connection requests cost.", st.LoginsUnfinished, l...)
 		for i, n := range causeNames {
 			if i < len(st.Rejects) && st.Rejects[i] > 0 {
 				e.counter("srpd_target_login_rejects_total", "Rejected logins, by cause.", st.Rejects[i], "target", name, "cause", n)

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -116,9 +119,9 @@ func (l *lunRT) close(log *zap.Logger) {
 // Targets
 
 // targetRT is a running target: the SRP target port, its LUNs, and the RDMA CM listeners whose
-// connection requests it serves. The daemon runs the accept loops itself (rather than
-// target.Serve) so that it holds a handle on every channel: session kill, the remote address
-// and login time of each session.
+// connection requests target.Serve answers. Serve hands every channel it establishes back
+// (target.Config.OnChannel), so that the daemon holds a handle on each: session kill, the
+// remote address and login time of each session.
 type targetRT struct {
 	cfg    config.Target
 	tr     *transportRT
@@ -137,7 +140,6 @@ type targetRT struct {
 	ids   map[uint64]uint64 // the target's session number → the daemon's (unique across restarts)
 	seq   *atomic.Uint64    // the daemon's session numbers
 
-	malformed atomic.Uint64 // connection requests whose private data is no SRP login
 }
 
 // chanRec is an established channel of an initiator.
@@ -146,12 +148,6 @@ type chanRec struct {
 	remote netip.AddrPort
 	at     time.Time
 }
-
-// maxPendingLogins bounds the logins one target handles at once.
-const maxPendingLogins = 64
-
-// acceptTimeout bounds the wait for the initiator's RTU after our REP.
-const acceptTimeout = 30 * time.Second
 
 // targetConfig maps the configuration of t onto the target package's: every ACL with an
 // initiator becomes a target.ACL with its LUN view; "*" becomes the default ACL.
@@ -163,7 +159,14 @@ func targetConfig(t *config.Target, luns map[int]*lunRT, log *zap.Logger) target
 			MaxChannels: t.Limits.MaxChannels, QueueDepth: t.Limits.QueueDepth,
 			MaxITIULen: uint32(t.Limits.MaxITIULen), MaxTIIULen: uint32(t.Limits.MaxTIIULen),
 			DisableImmediateData: !imm,
+			MaxSessions:          t.Limits.MaxSessions,
+			MaxMemory:            int64(t.Limits.MaxRegisteredMemory),
+			KeepAliveInterval:    timeoutOrOff(t.Limits.KeepaliveInterval),
+			StallTimeout:         timeoutOrOff(t.Limits.StallTimeout),
 		},
+	}
+	if t.Limits.StallAction == config.StallLog {
+		cfg.Limits.StallAction = target.StallLog
 	}
 	for _, a := range t.ACLs {
 		ta := target.ACL{Name: a.Initiator.String(), Initiator: a.Initiator.ID.SRP()}
@@ -185,6 +188,18 @@ func targetConfig(t *config.Target, luns map[int]*lunRT, log *zap.Logger) target
 		}
 	}
 	return cfg
+}
+
+// timeoutOrOff maps an optional timeout onto the target package's convention: 0 for the
+// default (omitted), negative for off.
+func timeoutOrOff(t *config.Timeout) time.Duration {
+	switch {
+	case t == nil:
+		return 0
+	case t.Off():
+		return -1
+	}
+	return t.Duration()
 }
 
 // startTarget opens the LUNs of cfg (reusing those in keep), creates the target and starts
@@ -218,7 +233,10 @@ func (d *Daemon) startTarget(cfg config.Target, tr *transportRT, keep map[int]*l
 		log.Info("LUN open", zap.Int("lun", l.ID), zap.String("backend", l.Backend), zap.String("path", l.Path),
 			zap.Int64("capacity", lr.capacity), zap.Int("block_size", l.BlockSize), zap.Bool("read_only", l.ReadOnly))
 	}
-	tgt, err := target.New(targetConfig(&cfg, t.luns, d.log))
+	tcfg := targetConfig(&cfg, t.luns, d.log)
+	tcfg.Budget = d.budget
+	tcfg.OnChannel = t.established
+	tgt, err := target.New(tcfg)
 	if err != nil {
 		return nil, fmt.Errorf("target %s: %w", cfg.Name, err)
 	}
@@ -251,91 +269,29 @@ func (d *Daemon) startTarget(cfg config.Target, tr *transportRT, keep map[int]*l
 		t.listen = append(t.listen, netip.AddrPortFrom(a, uint16(cfg.CMPort)).String())
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
-	sem := make(chan struct{}, maxPendingLogins)
 	for _, ln := range t.lns {
 		t.wg.Add(1)
-		go t.acceptLoop(ln, sem)
+		go func() {
+			defer t.wg.Done()
+			if err := tgt.Serve(t.ctx, ln, tr.dev); err != nil && t.ctx.Err() == nil && !errors.Is(err, transport.ErrClosed) {
+				t.log.Error("accepting connection requests", zap.Error(err))
+			}
+		}()
 	}
 	log.Info("target listening", zap.Stringer("port_id", cfg.PortID), zap.Strings("listen", t.listen),
 		zap.Int("luns", len(t.luns)), zap.Int("acls", len(cfg.ACLs)))
 	return t, nil
 }
 
-func (t *targetRT) acceptLoop(ln transport.Listener, sem chan struct{}) {
-	defer t.wg.Done()
-	for {
-		req, err := ln.Accept(t.ctx)
-		if err != nil {
-			if t.ctx.Err() == nil && !errors.Is(err, transport.ErrClosed) {
-				t.log.Error("accepting connection requests", zap.Error(err))
-			}
-			return
-		}
-		select {
-		case sem <- struct{}{}:
-		case <-t.ctx.Done():
-			_ = req.Reject(nil, transport.RejectConsumerDefined)
-			return
-		}
-		t.wg.Add(1)
-		go func() {
-			defer t.wg.Done()
-			defer func() { <-sem }()
-			t.handle(req)
-		}()
-	}
-}
-
-// handle runs one login over the CM, as target.Serve does, and records the channel.
-func (t *targetRT) handle(cr transport.ConnRequest) {
-	ri := cr.Info()
-	info := target.ConnInfo{Local: ri.LocalAddr, Remote: ri.RemoteAddr, InitiatorDepth: ri.InitiatorDepth, DepthKnown: true}
-	var rej [srp.LoginRejLen]byte
-	req, err := target.ParseLoginReq(cr.PrivateData())
-	if err != nil {
-		t.malformed.Add(1)
-		t.log.Info("login rejected: malformed login request", zap.Stringer("remote", ri.RemoteAddr), zap.Error(err))
-		_, _ = srp.LoginRej(rej[:]).Encode(&srp.LoginRejFields{Reason: srp.RejUnableEstablishChannel, BufFmt: t.tgt.Limits().BufFormats})
-		_ = cr.Reject(rej[:], transport.RejectConsumerDefined)
-		return
-	}
-	pc, dec, _ := t.tgt.Login(t.tr.dev, req, info)
-	if !dec.Accepted {
-		_, _ = srp.LoginRej(rej[:]).Encode(&dec.Rej)
-		_ = cr.Reject(rej[:], transport.RejectConsumerDefined)
-		return
-	}
-	lim := t.tgt.Limits()
-	param := transport.ConnParam{
-		ResponderResources: min(ri.ResponderResources, lim.MaxInitiatorDepth),
-		InitiatorDepth:     max(1, min(ri.InitiatorDepth, lim.MaxInitiatorDepth)),
-		RNRRetryCount:      7,
-		FlowControl:        true,
-	}
-	actx, cancel := context.WithTimeout(t.ctx, acceptTimeout)
-	conn, err := cr.Accept(actx, pc.QP(), pc.LoginRsp(), param)
-	cancel()
-	if err != nil {
-		t.log.Info("login accepted but the connection failed", zap.Stringer("remote", ri.RemoteAddr), zap.Error(err))
-		pc.Abort()
-		return
-	}
-	ch, err := pc.Establish(conn)
-	if err != nil {
-		if !errors.Is(err, target.ErrClosed) {
-			t.log.Warn("starting channel", zap.Error(err))
-		}
-		_ = conn.Disconnect(nil)
-		return
-	}
-	rec := &chanRec{ch: ch, remote: ri.RemoteAddr, at: time.Now()}
-	ini := req.InitiatorPortID
+// established records a channel that target.Serve has established (Config.OnChannel).
+func (t *targetRT) established(ch *target.Channel, ini srp.PortID, remote netip.AddrPort) {
+	rec := &chanRec{ch: ch, remote: remote, at: time.Now()}
 	t.mu.Lock()
 	t.chans[ini] = append(t.chans[ini], rec)
 	t.mu.Unlock()
-	t.log.Debug("channel up", zap.Stringer("initiator", ini), zap.Stringer("remote", ri.RemoteAddr),
+	t.log.Debug("channel up", zap.Stringer("initiator", ini), zap.Stringer("remote", remote),
 		zap.Uint64("channel", ch.ID()), zap.Uint32("qpn", ch.QPN()))
-	t.wg.Add(1) // handle's own count is still held: Add cannot race with stop's Wait reaching 0
+	t.wg.Add(1) // Serve's count of this login is still held: Add cannot race with stop's Wait reaching 0
 	go func() {
 		defer t.wg.Done()
 		<-ch.Done()
@@ -520,4 +476,43 @@ func (t *targetRT) aclInfos() []ctlapi.ACLInfo {
 		out = append(out, ai)
 	}
 	return out
+}
+
+// budgetConfig maps the daemon-wide limits onto the target package's budget. An omitted
+// max_registered_memory is half of the machine's memory: registered memory is pinned on a
+// hardware RNIC, and softroce touches it as channels run.
+func budgetConfig(l *config.GlobalLimits) target.BudgetConfig {
+	c := target.BudgetConfig{
+		MaxSessions:             l.MaxSessions,
+		MaxSessionsPerInitiator: l.MaxSessionsPerInitiator,
+		MaxMemory:               int64(l.MaxRegisteredMemory),
+		MaxPendingLogins:        l.MaxPendingLogins,
+		MaxPendingPerSource:     l.MaxPendingLoginsPerSource,
+		LoginTimeout:            time.Duration(l.LoginTimeout),
+	}
+	if l.LoginRatePerSource > 0 {
+		c.LoginRate = float64(l.LoginRatePerSource)
+		c.LoginBurst = 6 * l.LoginRatePerSource
+	}
+	if c.MaxMemory == 0 {
+		c.MaxMemory = memTotal() / 2
+	}
+	return c
+}
+
+// memTotal is /proc/meminfo's MemTotal in bytes, or 0 if it cannot be read.
+func memTotal() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			if err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 0
 }

@@ -120,7 +120,11 @@ func NewBudget(cfg BudgetConfig) *Budget {
 }
 
 // Config is the budget's configuration with defaults filled in.
-func (b *Budget) Config() BudgetConfig { return b.cfg }
+func (b *Budget) Config() BudgetConfig {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cfg
+}
 
 // BudgetUsage is what a budget's holders hold now, and its counters.
 type BudgetUsage struct {
@@ -399,4 +403,12 @@ func (r *rateLog) allow(addr netip.Addr, cause RejectCause, now time.Time) (bool
 	}
 	r.last[k] = &rateEntry{at: now}
 	return true, 0
+}
+
+// SetConfig changes the budget's bounds. What is held already is not taken back: a bound
+// lowered below the current use only stops new admissions until enough is given back.
+func (b *Budget) SetConfig(cfg BudgetConfig) {
+	b.mu.Lock()
+	b.cfg = cfg.withDefaults()
+	b.mu.Unlock()
 }

@@ -24,6 +24,7 @@ const (
 	idRecv      = uint64(1) << idKindShift
 	idCtx       = uint64(2) << idKindShift
 	idCtl       = uint64(3) << idKindShift
+	idKA        = uint64(4) << idKindShift // the keep-alive probe
 	idIndexMask = uint64(1)<<32 - 1
 )
 
@@ -150,6 +151,14 @@ type channel struct {
 
 	memRes int64 // registered memory reserved at admission (given back by releaseMemory)
 
+	// Liveness and stall detection (loop-owned; see maintain).
+	activity   uint64 // completions handled
+	seenAct    uint64 // activity at the last maintenance tick
+	kaOut      bool   // a keep-alive probe is posted
+	kaDeadline time.Time
+	kaWR       [1]transport.SendWR
+	kaChain    frpool.Chain
+
 	stats chanCounters
 }
 
@@ -224,6 +233,12 @@ func (ch *channel) run() {
 		cmEvents = ch.conn.Events()
 	}
 	notify := ch.cq.Notify()
+	var tick <-chan time.Time
+	if p := ch.t.lim.maintenancePeriod(); p > 0 {
+		tk := time.NewTicker(p)
+		defer tk.Stop()
+		tick = tk.C
+	}
 	if h, ok := ch.cq.(transport.CompletionHandler); ok && !ch.t.lim.NoCompletionHandler {
 		ch.hwcs = make([]transport.WC, 64)
 		ch.hPend = make([]transport.WC, 0, 64)
@@ -234,6 +249,11 @@ func (ch *channel) run() {
 	defer ch.loopMu.Unlock()
 	for {
 		progress := false
+		select { // a busy loop still checks liveness and stalls
+		case now := <-tick:
+			ch.maintain(now)
+		default:
+		}
 		if len(ch.hPend) > 0 {
 			for i := range ch.hPend {
 				ch.onWC(&ch.hPend[i])
@@ -291,6 +311,7 @@ func (ch *channel) run() {
 			cme     transport.CMEvent
 			gotEv   bool
 			gotCMEv bool
+			tickAt  time.Time
 		)
 		select {
 		case <-notify:
@@ -304,8 +325,12 @@ func (ch *channel) run() {
 			}
 			cme, gotCMEv = e, true
 		case <-timer.C:
+		case tickAt = <-tick:
 		}
 		ch.loopMu.Lock()
+		if !tickAt.IsZero() {
+			ch.maintain(tickAt)
+		}
 		if gotEv {
 			ch.onEvent(ev)
 		}
@@ -320,6 +345,87 @@ func (ch *channel) run() {
 		}
 	}
 	ch.destroy()
+}
+
+// maintain runs on every maintenance tick (loop-owned): the keep-alive of an idle channel and
+// the detection of commands stalled on the transport.
+func (ch *channel) maintain(now time.Time) {
+	if ch.st() != chLive {
+		return
+	}
+	lim := &ch.t.lim
+	if ka := lim.KeepAliveInterval; ka > 0 {
+		switch {
+		case ch.kaOut && !now.Before(ch.kaDeadline):
+			ch.t.stats.keepAliveTimeouts.Add(1)
+			ch.log.Warn("the peer did not acknowledge the keep-alive probe; closing the channel",
+				zap.Duration("waited", ka/2))
+			ch.kaOut = false // it flushes with the QP; nothing waits for it
+			ch.startClose(nil, "peer unresponsive (keep-alive)")
+			return
+		case !ch.kaOut && ch.activity == ch.seenAct:
+			ch.postKeepAlive(now.Add(ka / 2))
+		}
+		ch.seenAct = ch.activity
+	}
+	if st := lim.StallTimeout; st > 0 {
+		ch.checkStalls(now, st)
+	}
+}
+
+// postKeepAlive posts the probe: a zero-length RDMA WRITE, which the peer's RC transport
+// acknowledges with no rkey check and no work for its ULP (IBA C9-88; rxe_resp.c check_rkey
+// skips the key for a zero-byte RDMA WRITE). Its send-queue slot is one of ctlSlots.
+func (ch *channel) postKeepAlive(deadline time.Time) {
+	if ch.qp.State() != transport.QPSRTS {
+		return
+	}
+	ch.kaWR[0] = transport.SendWR{ID: idKA, Opcode: transport.WRRDMAWrite, Flags: transport.SendSignaled}
+	ch.kaChain.WRs = ch.kaWR[:]
+	if err := ch.pool.Post(&ch.kaChain); err != nil {
+		ch.log.Debug("posting the keep-alive probe", zap.Error(err))
+		return
+	}
+	ch.kaOut, ch.kaDeadline = true, deadline
+	ch.stats.keepAlives.Add(1)
+}
+
+// checkStalls finds commands that have waited on the transport (table or data RDMA READs,
+// room in the send queue, the RDMA WRITEs and response SEND) for longer than st; time in the
+// LUN queue or on the backend does not count. A command counts as waiting since the first
+// tick that saw it in that state, so the bound is met within a tick.
+func (ch *channel) checkStalls(now time.Time, st time.Duration) {
+	var oldest time.Duration
+	var worst *ioCtx
+	for _, c := range ch.ctxs {
+		switch c.state {
+		case csTables, csFetch, csWaitSQ, csSend:
+		default:
+			c.stallSince = time.Time{}
+			continue
+		}
+		if c.stallSince.IsZero() || c.stallGen != c.gen || c.stallState != c.state {
+			c.stallSince, c.stallGen, c.stallState = now, c.gen, c.state
+			continue
+		}
+		if d := now.Sub(c.stallSince); d >= st && d > oldest {
+			oldest, worst = d, c
+		}
+	}
+	if worst == nil {
+		return
+	}
+	ch.t.stats.stalls.Add(1)
+	ch.stats.stalls.Add(1)
+	worst.stallSince = now // report a still-stuck command again one timeout later, not every tick
+	if ch.t.lim.StallAction == StallLog {
+		ch.log.Warn("command stalled on the transport", zap.Stringer("state", worst.state),
+			zap.Duration("waiting", oldest), zap.Binary("tag", worst.tag[:]))
+		return
+	}
+	ch.log.Warn("command stalled on the transport; closing the channel", zap.Stringer("state", worst.state),
+		zap.Duration("waiting", oldest), zap.Binary("tag", worst.tag[:]))
+	ch.startClose(nil, "command stalled on the transport")
 }
 
 // onCQ is the channel's completion handler (transport.CompletionHandler), run by the
@@ -363,7 +469,7 @@ func (ch *channel) drained() bool {
 	if ch.st() == chLoggingOut {
 		return !ch.ctl[0].busy
 	}
-	if ch.posted > 0 || ch.ctl[0].busy || ch.ctl[1].busy {
+	if ch.posted > 0 || ch.ctl[0].busy || ch.ctl[1].busy || ch.kaOut {
 		return false
 	}
 	return len(ch.free) == len(ch.ctxs)
@@ -491,6 +597,7 @@ func (ch *channel) abortAll() {
 // ---- completions ----
 
 func (ch *channel) onWC(wc *transport.WC) {
+	ch.activity++
 	if wc.ID&frpool.WRIDTag != 0 {
 		ch.onSendWC(wc)
 		return
@@ -526,6 +633,11 @@ func (ch *channel) onSendWC(wc *transport.WC) {
 		ch.onRspWC(wc)
 	case idCtl:
 		ch.onCtlWC(wc)
+	case idKA:
+		ch.kaOut = false
+		if wc.Status != transport.WCSuccess && (wc.Status != transport.WCWRFlushErr || ch.st() == chLive) {
+			ch.fail("keep-alive probe", fmt.Errorf("completion status %v", wc.Status))
+		}
 	default:
 		ch.log.Error("completion with an unknown work request ID", zap.Uint64("id", wc.ID))
 	}

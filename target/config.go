@@ -124,10 +124,11 @@ type Limits struct {
 	// anything is allocated.
 	MaxMemory int64
 	// KeepAliveInterval is the liveness check of idle channels (DefaultKeepAliveInterval;
-	// negative: off). A channel with no completion for half of it gets a zero-length RDMA
+	// negative: off). A channel with no completion for a quarter of it gets a zero-length RDMA
 	// WRITE, which the peer's RC transport acknowledges without its ULP (IBA C9-88: no rkey
-	// is checked); a probe not completed within the other half means the peer is gone, and
-	// the channel is torn down and its memory released.
+	// is checked); a probe not completed within half of it means the peer is gone, and the
+	// channel is torn down and its memory released: within one interval of the peer's last
+	// sign of life.
 	KeepAliveInterval time.Duration
 	// StallTimeout is how long a command may wait on the transport — an RDMA READ or WRITE,
 	// its response SEND, room in the send queue — before the channel is reported stalled
@@ -182,6 +183,22 @@ func (l Limits) withDefaults() Limits {
 		l.MaxInitiatorDepth = 4
 	}
 	return l
+}
+
+// maintenancePeriod is the channels' maintenance tick: a quarter of the keep-alive interval or
+// of the stall timeout, whichever is shorter; 0 when both are off. With the keep-alive: the
+// first tick after the peer's last completion sees it, the next (at most half an interval
+// later) finds the channel idle and probes, and two ticks later the unanswered probe ends the
+// channel: within one interval of the last sign of life.
+func (l *Limits) maintenancePeriod() time.Duration {
+	var p time.Duration
+	if l.KeepAliveInterval > 0 {
+		p = l.KeepAliveInterval / 4
+	}
+	if l.StallTimeout > 0 && (p == 0 || l.StallTimeout/4 < p) {
+		p = l.StallTimeout / 4
+	}
+	return p
 }
 
 func (l Limits) validate() error {

@@ -2,6 +2,7 @@ package target
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/srpd/srpd/frpool"
 	"github.com/srpd/srpd/scsi"
@@ -40,6 +41,7 @@ func (s cstate) String() string { return cstateNames[s] }
 type ioCtx struct {
 	ch    *channel
 	idx   int
+	gen   uint32 // incremented by reset: tells one use of the context from the next
 	state cstate
 	next  cstate // the state after csWaitSQ
 	kind  ctxKind
@@ -78,6 +80,11 @@ type ioCtx struct {
 	aborted      atomic.Bool
 	cctx         cmdCtx
 	waiters      []*ioCtx // task management requests waiting for this command
+
+	// stall detection (channel.checkStalls): since when this use (gen) has been in state
+	stallSince time.Time
+	stallGen   uint32
+	stallState cstate
 
 	// task management
 	tmWait atomic.Int32
@@ -130,6 +137,7 @@ func (c *ioCtx) tmRelease() {
 
 // reset prepares a free context for a new request.
 func (c *ioCtx) reset(kind ctxKind, slot int) {
+	c.gen++
 	c.kind = kind
 	c.slot = slot
 	c.credit = false

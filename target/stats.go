@@ -48,6 +48,10 @@ type ChannelStats struct {
 	// than a request slot's own RW context holds (rwSmall) and borrowed a large one.
 	RWTransfers  uint64
 	BigTransfers uint64
+	// KeepAlives counts keep-alive probes sent (Limits.KeepAliveInterval); Stalls the
+	// commands found stalled on the transport (Limits.StallTimeout).
+	KeepAlives uint64
+	Stalls     uint64
 }
 
 type chanCounters struct {
@@ -58,6 +62,7 @@ type chanCounters struct {
 	tlogouts, ilogouts, badIUs, errors                          atomic.Uint64
 	reqLim, pending                                             atomic.Int64
 	returned                                                    atomic.Uint64
+	keepAlives, stalls                                          atomic.Uint64
 }
 
 func (ch *channel) snapshot() ChannelStats {
@@ -75,6 +80,7 @@ func (ch *channel) snapshot() ChannelStats {
 		TLogouts: c.tlogouts.Load(), ILogouts: c.ilogouts.Load(), BadIUs: c.badIUs.Load(),
 		Errors: c.errors.Load(), CreditsGiven: c.returned.Load(),
 		RWTransfers: ch.pool.Stats().RWTransfers, BigTransfers: c.bigRW.Load(),
+		KeepAlives: c.keepAlives.Load(), Stalls: c.stalls.Load(),
 	}
 }
 
@@ -122,6 +128,10 @@ type TargetStats struct {
 	// LoginsUnfinished counts accepted logins whose connection never completed (no RTU in
 	// time, evicted by newer requests, or the CM failed): what forged requests cost.
 	LoginsUnfinished uint64
+	// KeepAliveTimeouts counts channels closed because their peer did not acknowledge the
+	// keep-alive probe (gone without a DREQ); Stalls counts stalls found (see Limits.StallTimeout).
+	KeepAliveTimeouts uint64
+	Stalls            uint64
 	// Rejects counts rejected logins by cause (indexed by RejectCause).
 	Rejects          [numCauses]uint64
 	TeardownTimeouts uint64 // channels whose drain hit Limits.TeardownTimeout
@@ -151,6 +161,7 @@ type targetCounters struct {
 	closedChannels                             atomic.Uint64
 	loginsAccepted, loginsRejected             atomic.Uint64
 	loginsUnfinished                           atomic.Uint64
+	keepAliveTimeouts, stalls                  atomic.Uint64
 	rejects                                    [numCauses]atomic.Uint64
 	teardownTimeouts                           atomic.Uint64
 	inline                                     atomic.Uint64
@@ -161,23 +172,25 @@ type targetCounters struct {
 // Stats returns a snapshot of the target's counters.
 func (t *Target) Stats() TargetStats {
 	s := TargetStats{
-		Name:             t.name,
-		Sessions:         t.stats.sessions.Load(),
-		Channels:         t.stats.channels.Load(),
-		ClosedChannels:   t.stats.closedChannels.Load(),
-		LoginsAccepted:   t.stats.loginsAccepted.Load(),
-		LoginsRejected:   t.stats.loginsRejected.Load(),
-		LoginsUnfinished: t.stats.loginsUnfinished.Load(),
-		TeardownTimeouts: t.stats.teardownTimeouts.Load(),
-		MRs:              t.stats.mrs.Load(),
-		MemoryBytes:      t.stats.memBytes.Load(),
-		LUNWorkers:       t.stats.workers.Load(),
-		InlineExecs:      t.stats.inline.Load(),
-		HandlerBatches:   t.stats.handlerBatches.Load(),
-		Commands:         t.stats.commands.Load(),
-		BytesIn:          t.stats.bytesIn.Load(),
-		BytesOut:         t.stats.bytesOut.Load(),
-		Errors:           t.stats.errors.Load(),
+		Name:              t.name,
+		Sessions:          t.stats.sessions.Load(),
+		Channels:          t.stats.channels.Load(),
+		ClosedChannels:    t.stats.closedChannels.Load(),
+		LoginsAccepted:    t.stats.loginsAccepted.Load(),
+		LoginsRejected:    t.stats.loginsRejected.Load(),
+		LoginsUnfinished:  t.stats.loginsUnfinished.Load(),
+		KeepAliveTimeouts: t.stats.keepAliveTimeouts.Load(),
+		Stalls:            t.stats.stalls.Load(),
+		TeardownTimeouts:  t.stats.teardownTimeouts.Load(),
+		MRs:               t.stats.mrs.Load(),
+		MemoryBytes:       t.stats.memBytes.Load(),
+		LUNWorkers:        t.stats.workers.Load(),
+		InlineExecs:       t.stats.inline.Load(),
+		HandlerBatches:    t.stats.handlerBatches.Load(),
+		Commands:          t.stats.commands.Load(),
+		BytesIn:           t.stats.bytesIn.Load(),
+		BytesOut:          t.stats.bytesOut.Load(),
+		Errors:            t.stats.errors.Load(),
 	}
 	for i := range s.Rejects {
 		s.Rejects[i] = t.stats.rejects[i].Load()

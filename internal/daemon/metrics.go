@@ -112,6 +112,8 @@ func (d *Daemon) collect() *expo {
 		e.counter("srpd_target_read_bytes_total", "Data-in bytes sent to initiators (reads).", st.BytesIn, l...)
 		e.counter("srpd_target_write_bytes_total", "Data-out bytes received from initiators (writes).", st.BytesOut, l...)
 		e.counter("srpd_target_errors_total", "Commands that failed plus transport errors.", st.Errors, l...)
+		e.counter("srpd_target_keepalive_timeouts_total", "Channels closed because the peer did not acknowledge a keep-alive probe (gone without a DREQ).", st.KeepAliveTimeouts, l...)
+		e.counter("srpd_target_stalls_total", "Commands found stalled on the transport (RDMA transfer or response send past stall_timeout).", st.Stalls, l...)
 		e.counter("srpd_target_teardown_timeouts_total", "Channels whose drain hit the teardown timeout.", st.TeardownTimeouts, l...)
 		e.gauge("srpd_target_mrs", "Registered memory regions held by the channels.", float64(st.MRs), l...)
 		e.gauge("srpd_target_registered_memory_bytes", "Memory registered by the channels.", float64(st.MemoryBytes), l...)

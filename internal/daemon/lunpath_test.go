@@ -319,3 +319,51 @@ control:
 		t.Fatalf("the configuration no longer loads: %v", err)
 	}
 }
+
+// TestReloadNarrowedAllowedPaths: a reload that narrows allowed_paths reopens the LUNs that
+// follow symlinks, so one whose real path is now outside is closed and its target reported in
+// error; the previous list again brings it back.
+func TestReloadNarrowedAllowedPaths(t *testing.T) {
+	f := newPathFixture(t)
+	lun := fmt.Sprintf("  - name: b\n    port_id: %s\n    cm_port: 5556\n    luns:\n"+
+		"      - {id: 0, backend: file, path: %s, follow_symlinks: true}\n", portB, filepath.Join(f.luns, "outside-symlink.img"))
+	wide := "allowed_paths: [" + f.luns + ", " + f.other + "]\n"
+	_, c := startPathDaemon(t, f, wide)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Add target b through the file and a reload, as an operator would.
+	src := strings.Replace(string(f.configData), "control:", lun+"control:", 1)
+	if err := os.WriteFile(f.config, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ti, err := c.GetTarget(ctx, "b"); err != nil || ti.State != ctlapi.StateListening {
+		t.Fatalf("target b with allowed_paths covering its LUN: %+v, %v", ti, err)
+	}
+	narrow := strings.Replace(src, wide, "allowed_paths: ["+f.luns+"]\n", 1)
+	if err := os.WriteFile(f.config, []byte(narrow), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Reload(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ti, err := c.GetTarget(ctx, "b")
+	if err != nil || ti.State != ctlapi.StateError || !strings.Contains(ti.Error, "outside allowed_paths") {
+		t.Fatalf("target b after narrowing allowed_paths (changes %q): %+v, %v", res.Changes, ti, err)
+	}
+	if ta, _ := c.GetTarget(ctx, "a"); ta.State != ctlapi.StateListening {
+		t.Errorf("target a (RAM only) was affected: %+v", ta)
+	}
+	if err := os.WriteFile(f.config, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ti, _ := c.GetTarget(ctx, "b"); ti.State != ctlapi.StateListening {
+		t.Fatalf("target b after widening again: %+v", ti)
+	}
+}

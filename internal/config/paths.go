@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 )
 
@@ -45,6 +46,13 @@ func (v *validator) lunPaths(c *Config) {
 		seen[d] = i
 	}
 	own := map[string]string{}
+	if v.src != nil && v.src.file != "" {
+		// The file being parsed (srpd -c FILE --check, srpctl config validate FILE): the daemon
+		// refuses it by inode too, but a LUN naming it is worth reporting before any start.
+		if abs, err := filepath.Abs(v.src.file); err == nil {
+			own[abs] = "this configuration file"
+		}
+	}
 	if c.Control.Socket != "" {
 		own[c.Control.Socket] = "srpd's control socket (control.socket)"
 	}

@@ -99,6 +99,20 @@ func TestLUNPathValidation(t *testing.T) {
 	}
 }
 
+// TestLUNPathIsTheConfigFile: a LUN naming the very file being parsed is reported by Parse
+// (so srpd --check and srpctl config validate catch it before any start).
+func TestLUNPathIsTheConfigFile(t *testing.T) {
+	const file = "/etc/srpd/srpd.yaml"
+	_, err := Parse(file, []byte(pathsConfig(file, "        size: 1MiB\n", "")))
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(),
+		"targets[0].luns[0].path: target t: LUN 3: /etc/srpd/srpd.yaml is this configuration file, not a LUN") {
+		t.Fatalf("Parse = %v; want the LUN refused as the configuration file", err)
+	}
+	if _, err := Parse("/etc/srpd/other.yaml", []byte(pathsConfig(file, "", ""))); err != nil {
+		t.Fatalf("another file's LUN on %s: %v", file, err)
+	}
+}
+
 // TestLUNPathValidationAfterMutation: the rules hold for a configuration changed in code (the
 // control API's AddLUN), not only for a parsed file.
 func TestLUNPathValidationAfterMutation(t *testing.T) {

@@ -284,8 +284,8 @@ func TestAddLUNPathsRefused(t *testing.T) {
 }
 
 // TestStartRefusesOwnConfig: srpd -c FILE with a LUN on FILE itself (the reported case: with
-// size: 1MiB the file was zero-extended and the next start failed) does not start, and the file
-// is left intact.
+// size: 1MiB the file was zero-extended and the next start failed) is refused by Load and by
+// the daemon, and the file is left intact.
 func TestStartRefusesOwnConfig(t *testing.T) {
 	f := newPathFixture(t)
 	src := fmt.Sprintf(`transports:
@@ -302,7 +302,13 @@ control:
 	if err := os.WriteFile(f.config, f.configData, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.Load(f.config)
+	// srpd -c FILE: Load names the LUN as the file itself.
+	if _, err := config.Load(f.config); !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "this configuration file") {
+		t.Fatalf("Load of a config exporting itself = %v; want ErrInvalid", err)
+	}
+	// The daemon refuses it on its own too (a configuration built in code, as the API's
+	// mutations are, has no file name to compare with).
+	cfg, err := config.Parse("elsewhere.yaml", f.configData)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,8 +321,9 @@ control:
 		t.Fatalf("Start with a LUN on its own config = %v; want ErrReservedPath", err)
 	}
 	f.configUnchanged(t)
-	if _, err := config.Load(f.config); err != nil {
-		t.Fatalf("the configuration no longer loads: %v", err)
+	data, _ := os.ReadFile(f.config)
+	if _, err := config.Parse("elsewhere.yaml", data); err != nil {
+		t.Fatalf("the configuration no longer parses: %v", err)
 	}
 }
 

@@ -81,12 +81,14 @@ func openPath(path string, flags int, perm os.FileMode, noSymlinks bool) (*os.Fi
 	if flags&os.O_CREATE != 0 {
 		how.Mode = uint64(perm.Perm())
 	}
-	for {
+	// EINTR (a signal during a slow open, e.g. on a network filesystem) is retried, a bounded
+	// number of times, as os.OpenFile retries it.
+	for attempt := 0; ; attempt++ {
 		fd, err := unix.Openat2(unix.AT_FDCWD, path, &how)
 		switch {
 		case err == nil:
 			return os.NewFile(uintptr(fd), path), nil
-		case errors.Is(err, unix.EINTR):
+		case errors.Is(err, unix.EINTR) && attempt < 100:
 			continue
 		case errors.Is(err, unix.ELOOP):
 			return nil, fmt.Errorf("%s has a symbolic link in its path: %w", path, ErrSymlink)

@@ -208,6 +208,12 @@ func (g *lunGuard) checkReal(t *config.Target, l *config.LUN, real string) error
 	if what := g.reserved(real); what != "" {
 		return g.refuse(t, l, ErrReservedPath, "resolves to %s, which %s", real, what)
 	}
+	var st unix.Stat_t
+	if unix.Stat(real, &st) == nil {
+		if err := g.sameAsOwn(t, l, st.Dev, st.Ino); err != nil {
+			return err
+		}
+	}
 	if !g.allows(real) {
 		return g.refuse(t, l, ErrPathNotAllowed, "resolves to %s, outside allowed_paths", real)
 	}
@@ -219,11 +225,8 @@ func (g *lunGuard) checkReal(t *config.Target, l *config.LUN, real string) error
 // allowed.
 func (g *lunGuard) admit(t *config.Target, l *config.LUN) func(backend.Identity) error {
 	return func(id backend.Identity) error {
-		for _, f := range g.own {
-			if f.haveID && f.dev == id.Dev && f.ino == id.Ino {
-				return g.refuse(t, l, ErrReservedPath, "is the same file as %s, which %s (a hard link or another path to it)",
-					f.paths[0], f.what)
-			}
+		if err := g.sameAsOwn(t, l, id.Dev, id.Ino); err != nil {
+			return err
 		}
 		if id.RealPath == "" {
 			return nil // no /proc: check judged the path
@@ -256,4 +259,15 @@ func classifyOpenError(err error) error {
 		return &openKind{err, ctlapi.ErrInvalidArgument}
 	}
 	return err
+}
+
+// sameAsOwn refuses the file dev:ino when it is one of srpd's own files under another name.
+func (g *lunGuard) sameAsOwn(t *config.Target, l *config.LUN, dev, ino uint64) error {
+	for _, f := range g.own {
+		if f.haveID && f.dev == dev && f.ino == ino {
+			return g.refuse(t, l, ErrReservedPath, "is the same file as %s, which %s (a hard link or another path to it)",
+				f.paths[0], f.what)
+		}
+	}
+	return nil
 }

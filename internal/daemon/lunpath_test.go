@@ -165,8 +165,8 @@ func TestOpenLUNPaths(t *testing.T) {
 	}
 }
 
-// TestLUNGuardAdmitByIdentity: a path that passed the checks by name but opens srpd's
-// configuration file (the file was swapped in after the check) is refused by the Admit hook,
+// TestLUNGuardAdmitByIdentity: a hard link to srpd's configuration file is refused by the
+// check before opening (by inode), and, swapped in after a check passed, by the Admit hook
 // before the backend resizes it.
 func TestLUNGuardAdmitByIdentity(t *testing.T) {
 	f := newPathFixture(t)
@@ -174,8 +174,22 @@ func TestLUNGuardAdmitByIdentity(t *testing.T) {
 	g := d.newLUNGuard(&config.Config{})
 	tgt := &config.Target{Name: "t"}
 	l := config.LUN{ID: 2, Backend: config.BackendFile, Path: filepath.Join(f.luns, "swapped.img"), Size: 1 << 20, BlockSize: 512}
+	// Before the swap the path is a data file: the checks before opening pass.
+	if err := os.WriteFile(l.Path, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.check(tgt, &l); err != nil {
+		t.Fatalf("check of a data file: %v", err)
+	}
+	if err := os.Remove(l.Path); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Link(f.config, l.Path); err != nil {
 		t.Fatal(err)
+	}
+	// A check now sees the inode, before anything is opened (so the API restarts nothing).
+	if err := g.check(tgt, &l); !errors.Is(err, ErrReservedPath) {
+		t.Fatalf("check of a hard link to the config = %v; want ErrReservedPath", err)
 	}
 	_, err := backend.OpenFile(l.Path, backend.FileOptions{Size: int64(l.Size), NoSymlinks: true, Admit: g.admit(tgt, &l)})
 	if !errors.Is(err, ErrReservedPath) {

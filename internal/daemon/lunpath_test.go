@@ -388,3 +388,30 @@ func TestReloadNarrowedAllowedPaths(t *testing.T) {
 		t.Fatalf("target b after widening again: %+v", ti)
 	}
 }
+
+// TestClassifyOpenError: the backend's refusals of a LUN get an API kind (so the control API
+// answers 400 or 409, not 500) without a change of message; other failures stay unclassified.
+func TestClassifyOpenError(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		kind error // nil: neither kind
+	}{
+		{fmt.Errorf("flock: %w", backend.ErrBusy), ctlapi.ErrConflict},
+		{fmt.Errorf("x: %w", backend.ErrWouldShrink), ctlapi.ErrInvalidArgument},
+		{fmt.Errorf("x: %w", backend.ErrNotRegularFile), ctlapi.ErrInvalidArgument},
+		{fmt.Errorf("x: %w", backend.ErrNotBlockDevice), ctlapi.ErrInvalidArgument},
+		{fmt.Errorf("x: %w", backend.ErrInvalidSize), ctlapi.ErrInvalidArgument},
+		{&os.PathError{Op: "open", Path: "/x", Err: os.ErrNotExist}, ctlapi.ErrInvalidArgument},
+		{&os.PathError{Op: "open", Path: "/x", Err: errors.New("input/output error")}, nil},
+	} {
+		got := classifyOpenError(c.err)
+		if got.Error() != c.err.Error() || !errors.Is(got, c.err) {
+			t.Errorf("classifyOpenError(%v) = %v: message or chain changed", c.err, got)
+		}
+		for _, k := range []error{ctlapi.ErrConflict, ctlapi.ErrInvalidArgument} {
+			if errors.Is(got, k) != (k == c.kind) {
+				t.Errorf("classifyOpenError(%v): errors.Is(%v) = %v, want kind %v", c.err, k, errors.Is(got, k), c.kind)
+			}
+		}
+	}
+}

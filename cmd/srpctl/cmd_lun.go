@@ -105,6 +105,7 @@ func newLUNAddCmd(a *app) *cobra.Command {
 	f.StringVar(&size, "size", "", "capacity, e.g. 64MiB (ram: required; file: create or extend to it)")
 	f.BoolVar(&l.Create, "create", false, "create the file if it does not exist (file; needs --size)")
 	f.BoolVar(&l.Direct, "direct", false, "O_DIRECT I/O (file, blockdev)")
+	f.BoolVar(&l.FollowSymlinks, "follow-symlinks", false, "allow a symbolic link in the path, e.g. /dev/disk/by-id/... (file, blockdev)")
 	f.IntVar(&l.BlockSize, "block-size", 0, "logical block size: 512 (default) or 4096")
 	f.BoolVar(&l.ReadOnly, "read-only", false, "write-protect the LUN")
 	f.StringVar(&l.Serial, "serial", "", "unit serial number (default: derived)")

@@ -73,6 +73,12 @@ type Config struct {
 	// Limits are the daemon-wide resource bounds (admission control).
 	Limits GlobalLimits `yaml:"limits,omitempty" json:"limits,omitempty"`
 
+	// AllowedPaths, when not empty, are the only directories (absolute) whose files and
+	// device nodes may be LUNs: a file or blockdev LUN path must lie beneath one of them, by
+	// name and, once opened, by real path. Empty: any path srpd can open (but never srpd's own
+	// files: its configuration, control socket, NBD sockets and run directory).
+	AllowedPaths []string `yaml:"allowed_paths,omitempty" json:"allowed_paths,omitempty"`
+
 	src *source // where the config was parsed from (positions for Validate); nil if built in code
 }
 
@@ -140,6 +146,10 @@ type LUN struct {
 	Create bool `yaml:"create,omitempty" json:"create,omitempty"`
 	// Direct (file, blockdev) adds O_DIRECT I/O for aligned requests.
 	Direct bool `yaml:"direct,omitempty" json:"direct,omitempty"`
+	// FollowSymlinks (file, blockdev) lets Path be or go through a symbolic link (such as
+	// /dev/disk/by-id/...). Without it a path with a symlink in any component is refused,
+	// so that whoever can write a directory on the way cannot redirect the LUN.
+	FollowSymlinks bool `yaml:"follow_symlinks,omitempty" json:"follow_symlinks,omitempty"`
 	// BlockSize is the logical block size: 512 (default) or 4096.
 	BlockSize int `yaml:"block_size" json:"block_size"`
 	// ReadOnly makes the LUN write-protected for every initiator.

@@ -9,6 +9,7 @@ func (c *Config) SetDefaults() {
 	nilIfEmpty(&c.Transports)
 	nilIfEmpty(&c.Targets)
 	nilIfEmpty(&c.Sessions)
+	nilIfEmpty(&c.AllowedPaths)
 	if c.Version == 0 {
 		c.Version = DefaultVersion
 	}

@@ -48,12 +48,15 @@ type Changeset struct {
 	Logging bool `json:"logging,omitempty"`
 	Metrics bool `json:"metrics,omitempty"`
 	Limits  bool `json:"limits,omitempty"`
+	// AllowedPaths: allowed_paths changed. The LUNs that follow symlinks are then listed as
+	// changed too, so that they are opened (and their real paths checked) again.
+	AllowedPaths bool `json:"allowed_paths,omitempty"`
 }
 
 // Empty reports whether the configurations are equivalent.
 func (d *Changeset) Empty() bool {
 	return d.Transports.Empty() && d.Targets.Empty() && d.Sessions.Empty() &&
-		!d.Control && !d.Logging && !d.Metrics && !d.Limits
+		!d.Control && !d.Logging && !d.Metrics && !d.Limits && !d.AllowedPaths
 }
 
 // Target returns the diff of the changed target named name, or nil.
@@ -111,7 +114,8 @@ func (d *Changeset) Summary() []string {
 	for _, s := range []struct {
 		name    string
 		changed bool
-	}{{"control", d.Control}, {"logging", d.Logging}, {"metrics", d.Metrics}, {"limits", d.Limits}} {
+	}{{"control", d.Control}, {"logging", d.Logging}, {"metrics", d.Metrics}, {"limits", d.Limits},
+		{"allowed_paths", d.AllowedPaths}} {
 		if s.changed {
 			out = append(out, s.name+" settings changed")
 		}
@@ -161,8 +165,12 @@ func Diff(old, new *Config) *Changeset {
 		Metrics:    old.Metrics != new.Metrics,
 		Limits:     old.Limits != new.Limits,
 	}
+	d.AllowedPaths = !slices.Equal(old.AllowedPaths, new.AllowedPaths)
 	d.Targets = diffKeyed(old.Targets, new.Targets, func(t *Target) string { return t.Name }, func(a, b *Target) bool {
 		td := diffTarget(a, b)
+		if d.AllowedPaths {
+			recheckSymlinkLUNs(&td, b)
+		}
 		if !td.Settings && td.LUNs.Empty() && td.ACLs.Empty() {
 			return true
 		}
@@ -179,5 +187,17 @@ func diffTarget(a, b *Target) TargetDiff {
 			a.CMPort != b.CMPort || !reflect.DeepEqual(a.Limits, b.Limits),
 		LUNs: diffKeyed(a.LUNs, b.LUNs, func(l *LUN) int { return l.ID }, deepEqual[LUN]),
 		ACLs: diffKeyed(a.ACLs, b.ACLs, func(x *ACL) string { return x.Initiator.String() }, deepEqual[ACL]),
+	}
+}
+
+// recheckSymlinkLUNs lists as changed the LUNs of t that follow symlinks: their real paths,
+// which only opening tells, must be checked against the new allowed_paths. (The others lie
+// beneath it by name, which Validate checks, and have no symlink on the way.)
+func recheckSymlinkLUNs(td *TargetDiff, t *Target) {
+	for _, l := range t.LUNs {
+		if !l.FollowSymlinks || l.Path == "" || slices.Contains(td.LUNs.Added, l.ID) || slices.Contains(td.LUNs.Changed, l.ID) {
+			continue
+		}
+		td.LUNs.Changed = append(td.LUNs.Changed, l.ID)
 	}
 }

@@ -15,7 +15,8 @@ func FuzzParse(f *testing.F) {
 		f.Add(data)
 	}
 	for _, s := range []string{minimal, diffBase, "", "a: &a [*a]", "targets: [{luns: [{size: 1PiB}]}]",
-		"control: {mode: 0o777}", "sessions: [{dev_loss_tmo: off, fast_io_fail_tmo: false}]"} {
+		"control: {mode: 0o777}", "sessions: [{dev_loss_tmo: off, fast_io_fail_tmo: false}]",
+		pathsConfig("/srv/luns/a.img", "        follow_symlinks: true\n", "allowed_paths: [/srv/luns, /]\n")} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {

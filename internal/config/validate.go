@@ -304,6 +304,7 @@ func (v *validator) config(c *Config) {
 	}
 
 	v.control("control", &c.Control)
+	v.lunPaths(c)
 	switch c.Logging.Level {
 	case "debug", "info", "warn", "error":
 	default:
@@ -455,6 +456,7 @@ func (v *validator) lun(p string, l *LUN) {
 		not("path", l.Path != "")
 		not("create", l.Create)
 		not("direct", l.Direct)
+		not("follow_symlinks", l.FollowSymlinks)
 	case BackendFile:
 		v.absPath(join(p, "path"), l.Path, 4095)
 		if l.Create && l.Size == 0 {

@@ -8,6 +8,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"path"
 	"regexp"
 	"strconv"
 	"strings"
@@ -82,6 +83,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, APIErrorInfo{Code: CodeInternal, Message: fmt.Sprintf("internal error: %v", p)})
 		}
 	}()
+	if clean := path.Clean(r.URL.Path); clean != r.URL.Path && clean+"/" != r.URL.Path {
+		// ServeMux would answer a path with "//", "." or ".." with a 307 to the clean path (an
+		// HTML body, and a mutation replayed by whoever follows it): no route has such a path.
+		writeError(w, APIErrorInfo{Code: CodeNotFound,
+			Message: fmt.Sprintf("no API route %s %s (paths are clean: did you mean %s?)", r.Method, r.URL.Path, clean)})
+		return
+	}
 	if _, pattern := h.mux.Handler(r); pattern == "" {
 		// No route: let the mux tell 404 from 405 (it sets Allow), then answer in JSON.
 		rec := &recorder{header: http.Header{}}

@@ -97,6 +97,8 @@ func TestRoutes(t *testing.T) {
 		{"unknown route", "GET", "/v1/frobnicate", "", "", 404, ctlapi.CodeNotFound, "no API route GET /v1/frobnicate"},
 		{"old version", "GET", "/v0/status", "", "", 404, ctlapi.CodeNotFound, "no API route"},
 		{"wrong method", "PUT", "/v1/targets", "", "", 405, ctlapi.CodeMethodNotAllowed, "method PUT is not allowed"},
+		{"unclean path", "GET", "/v1//connections", "", "", 404, ctlapi.CodeNotFound, "did you mean /v1/connections?"},
+		{"dot segment", "DELETE", "/v1/targets/demo/luns/../../demo", "", "", 404, ctlapi.CodeNotFound, "no API route"},
 		{"query on a route without", "GET", "/v1/status?verbose=1", "", "", 400, ctlapi.CodeInvalidArgument, "takes none"},
 	}
 	for _, tt := range tests {

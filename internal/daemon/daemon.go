@@ -20,8 +20,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +56,9 @@ type Options struct {
 	Notifier *sdnotify.Notifier
 	// DrainTimeout bounds a shutdown: logouts and the I/O in flight (DefaultDrainTimeout).
 	DrainTimeout time.Duration
+	// RunDirs are srpd's run directories (absolute), in which no LUN may lie. Nil: systemd's
+	// $RUNTIME_DIRECTORY (RuntimeDirectory=, /run/srpd in srpd.service; colon-separated).
+	RunDirs []string
 }
 
 func (o *Options) drainTimeout() time.Duration {
@@ -98,6 +103,11 @@ func New(opts Options) *Daemon {
 	v := opts.Version
 	if v == "" {
 		v = BuildVersion()
+	}
+	if opts.RunDirs == nil {
+		if rd := os.Getenv("RUNTIME_DIRECTORY"); rd != "" {
+			opts.RunDirs = strings.Split(rd, ":")
+		}
 	}
 	return &Daemon{opts: opts, log: log, version: v, cfg: emptyConfig(),
 		transports: map[string]*transportRT{}, targets: map[string]*targetRT{}, conns: map[string]*connRT{},
@@ -380,6 +390,7 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 		}
 		d.mu.Unlock()
 	}
+	guard := d.newLUNGuard(new)
 	for _, n := range p.startTargets {
 		cfg := new.Target(n)
 		d.mu.RLock()
@@ -392,7 +403,7 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 		if tr == nil {
 			err = fmt.Errorf("target %s: transport %q is not up: %w", n, cfg.Transport, ctlapi.ErrUnavailable)
 		} else {
-			t, err = d.startTarget(*cfg, tr, kept[n])
+			t, err = d.startTarget(*cfg, tr, kept[n], guard)
 		}
 		if err != nil {
 			for _, l := range kept[n] { // nobody else will close them

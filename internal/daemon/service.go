@@ -129,8 +129,20 @@ func (d *Daemon) ListLUNs(_ context.Context, target string) ([]ctlapi.LUNInfo, e
 	return d.targetInfoLocked(t).LUNs, nil
 }
 
-// checkBackend catches the common mistakes of a new LUN before anything is restarted for it.
-func checkBackend(l config.LUN) error {
+// checkBackend catches the common mistakes of a new LUN of target before anything is restarted
+// for it: a path srpd refuses (its own files, symlinks, outside allowed_paths), a missing
+// file, the wrong kind of file.
+func (d *Daemon) checkBackend(target string, l config.LUN) error {
+	d.mu.RLock()
+	c := d.cfg
+	d.mu.RUnlock()
+	t := c.Target(target)
+	if t == nil {
+		t = &config.Target{Name: target}
+	}
+	if err := d.newLUNGuard(c).check(t, &l); err != nil {
+		return err
+	}
 	switch l.Backend {
 	case config.BackendFile:
 		fi, err := os.Stat(l.Path)
@@ -155,7 +167,7 @@ func checkBackend(l config.LUN) error {
 // AddLUN implements ctlapi.Service. The target restarts with the new LUN (its initiators are
 // logged out and log in again): the target package fixes a target's views at creation.
 func (d *Daemon) AddLUN(ctx context.Context, target string, l config.LUN, opts ctlapi.MutateOptions) (*ctlapi.LUNInfo, error) {
-	if err := checkBackend(l); err != nil {
+	if err := d.checkBackend(target, l); err != nil {
 		return nil, err
 	}
 	err := d.mutate(ctx, opts.Persist, func(c *config.Config) error { return c.AddLUN(target, l) }, d.targetUp(target))

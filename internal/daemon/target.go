@@ -75,25 +75,43 @@ func defaultSerial(portID config.PortID, id int) string {
 	return fmt.Sprintf("%016x%016x-%d", portID.IDExt(), portID.GUID(), id)
 }
 
-// openLUN opens the backend of l and creates the logical unit.
-func openLUN(t *config.Target, l config.LUN) (*lunRT, error) {
+// openLUN opens the backend of l and creates the logical unit. g, when not nil, vets a file or
+// blockdev path before the open and the opened file before it is resized or used (see
+// lunGuard); symlinks are refused in every component unless l.FollowSymlinks.
+func openLUN(t *config.Target, l config.LUN, g *lunGuard) (*lunRT, error) {
 	var (
 		be  backend.Backend
 		err error
 	)
+	var admit func(backend.Identity) error
+	if g != nil && l.Backend != config.BackendRAM {
+		if err := g.check(t, &l); err != nil {
+			return nil, err
+		}
+		admit = g.admit(t, &l)
+	}
 	switch l.Backend {
 	case config.BackendRAM:
 		be, err = backend.NewRAM(int64(l.Size), l.ReadOnly)
 	case config.BackendFile:
 		be, err = backend.OpenFile(l.Path, backend.FileOptions{ReadOnly: l.ReadOnly, Create: l.Create,
-			Size: int64(l.Size), Direct: l.Direct})
+			Size: int64(l.Size), Direct: l.Direct, NoSymlinks: !l.FollowSymlinks, Admit: admit})
 	case config.BackendBlockDev:
-		be, err = backend.OpenBlockDev(l.Path, backend.BlockDevOptions{ReadOnly: l.ReadOnly, Direct: l.Direct})
+		be, err = backend.OpenBlockDev(l.Path, backend.BlockDevOptions{ReadOnly: l.ReadOnly, Direct: l.Direct,
+			NoSymlinks: !l.FollowSymlinks, Admit: admit})
 	default:
 		err = fmt.Errorf("unknown backend %q: %w", l.Backend, ctlapi.ErrInvalidArgument)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("target %s: LUN %d: %w", t.Name, l.ID, err)
+		var pe *LUNPathError
+		switch {
+		case errors.As(err, &pe):
+			return nil, pe
+		case errors.Is(err, backend.ErrSymlink):
+			return nil, &LUNPathError{Target: t.Name, LUN: l.ID, Path: l.Path, Err: backend.ErrSymlink,
+				Reason: "has a symbolic link in its path; set follow_symlinks: true on the LUN to allow it"}
+		}
+		return nil, fmt.Errorf("target %s: LUN %d: %w", t.Name, l.ID, classifyOpenError(err))
 	}
 	serial := l.Serial
 	if serial == "" {
@@ -204,7 +222,7 @@ func timeoutOrOff(t *config.Timeout) time.Duration {
 
 // startTarget opens the LUNs of cfg (reusing those in keep), creates the target and starts
 // listening. On failure everything it opened is closed again; kept LUNs are left to the caller.
-func (d *Daemon) startTarget(cfg config.Target, tr *transportRT, keep map[int]*lunRT) (_ *targetRT, err error) {
+func (d *Daemon) startTarget(cfg config.Target, tr *transportRT, keep map[int]*lunRT, guard *lunGuard) (_ *targetRT, err error) {
 	log := d.log.With(zap.String("target", cfg.Name))
 	t := &targetRT{cfg: cfg, tr: tr, log: log, luns: map[int]*lunRT{}, chans: map[srp.PortID][]*chanRec{},
 		ids: map[uint64]uint64{}, seq: &d.sessionSeq}
@@ -224,7 +242,7 @@ func (d *Daemon) startTarget(cfg config.Target, tr *transportRT, keep map[int]*l
 			t.luns[l.ID] = k
 			continue
 		}
-		lr, err := openLUN(&cfg, l)
+		lr, err := openLUN(&cfg, l, guard)
 		if err != nil {
 			return nil, err
 		}

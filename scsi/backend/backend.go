@@ -2,8 +2,8 @@
 // RAM. A Backend is a flat byte range; block size, LBAs and SCSI semantics live in package scsi.
 //
 // Constructors: NewRAM, OpenFile (FileOptions), OpenBlockDev (BlockDevOptions). Their own errors
-// (ErrBusy, ErrNotBlockDevice, ErrNotRegularFile, ErrWouldShrink, ErrInvalidSize) are in
-// errors.go. Linux only (pread/pwrite, fallocate, block device ioctls).
+// (ErrBusy, ErrNotBlockDevice, ErrNotRegularFile, ErrWouldShrink, ErrInvalidSize,
+// ErrSymlink) are in errors.go. Linux only (pread/pwrite, fallocate, block device ioctls).
 package backend
 
 import (

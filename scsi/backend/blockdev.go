@@ -43,6 +43,12 @@ type BlockDevOptions struct {
 	// does; the alignment is STATX_DIOALIGN where the kernel reports it for block devices, else
 	// the logical block size for offsets and lengths and 4096 for buffer addresses.
 	Direct bool
+	// NoSymlinks refuses (ErrSymlink) a path that is a symbolic link or has one among its
+	// directories (so /dev/disk/by-id/... names are refused), as FileOptions.NoSymlinks does.
+	NoSymlinks bool
+	// Admit, when not nil, is called with the opened device node before anything is read
+	// from or written to the device; an error refuses it, as for FileOptions.Admit.
+	Admit func(Identity) error
 }
 
 // BlockDev is a Backend on a block device node (a disk, partition, LV, loop device...), read and
@@ -64,7 +70,7 @@ type BlockDev struct {
 var _ Backend = (*BlockDev)(nil)
 
 // OpenBlockDev opens the block device at path (symlinks such as /dev/disk/by-id/... are
-// followed). It fails with ErrNotBlockDevice for anything but a block device node, ErrBusy when
+// followed unless opts.NoSymlinks). It fails with ErrNotBlockDevice for anything but a block device node, ErrBusy when
 // the device is mounted or exclusively held, ErrInvalidSize for an empty device (e.g. an unbound
 // loop device).
 func OpenBlockDev(path string, opts BlockDevOptions) (*BlockDev, error) {
@@ -72,7 +78,7 @@ func OpenBlockDev(path string, opts BlockDevOptions) (*BlockDev, error) {
 		return nil, fmt.Errorf("backend blockdev %s: open: %w", path, err)
 	}
 	// Check the type before opening: opening a FIFO or a tty can block or have side effects.
-	fi, err := os.Stat(path)
+	fi, err := preStat(path, opts.NoSymlinks)
 	if err != nil {
 		return fail(err)
 	}
@@ -85,10 +91,10 @@ func OpenBlockDev(path string, opts BlockDevOptions) (*BlockDev, error) {
 	if readOnly {
 		flags = os.O_RDONLY
 	}
-	f, err := os.OpenFile(path, flags|unix.O_EXCL, 0)
+	f, err := openPath(path, flags|unix.O_EXCL, 0, opts.NoSymlinks)
 	if errors.Is(err, unix.EROFS) && !readOnly {
 		readOnly, flags = true, os.O_RDONLY
-		f, err = os.OpenFile(path, flags|unix.O_EXCL, 0)
+		f, err = openPath(path, flags|unix.O_EXCL, 0, opts.NoSymlinks)
 	}
 	if err != nil {
 		if errors.Is(err, unix.EBUSY) {
@@ -117,6 +123,9 @@ func OpenBlockDev(path string, opts BlockDevOptions) (*BlockDev, error) {
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
 		return fail(ErrNotBlockDevice)
+	}
+	if err := admit(f, opts.Admit); err != nil {
+		return fail(err)
 	}
 
 	var size uint64

@@ -20,6 +20,9 @@ var (
 	// ErrInvalidSize: a capacity that cannot be exported: zero or negative, an empty file, or a
 	// RAM backend too large for its chunk table.
 	ErrInvalidSize = errors.New("backend: invalid size")
+	// ErrSymlink: FileOptions.NoSymlinks or BlockDevOptions.NoSymlinks is set and the path is a
+	// symbolic link, or has one among its directories.
+	ErrSymlink = errors.New("backend: symbolic link refused")
 )
 
 // inRange reports whether [off, off+n) lies inside [0, size), computed without overflow. An empty

@@ -33,6 +33,14 @@ type FileOptions struct {
 	// stays coherent, just not direct. Filesystems without O_DIRECT (e.g. ramfs) fail the
 	// open with ErrNotSupported.
 	Direct bool
+	// NoSymlinks refuses (ErrSymlink) a path that is a symbolic link or has one among its
+	// directories, instead of following it: see openPath for how.
+	NoSymlinks bool
+	// Admit, when not nil, is called with what was opened, once the file is locked and before
+	// it is resized or written; an error refuses the file (and removes it if this call created
+	// it). It is how the caller refuses a file by identity (device and inode, real path) rather
+	// than by the path it asked for.
+	Admit func(Identity) error
 }
 
 // File is a Backend on a regular file, read and written with pread/pwrite.
@@ -68,7 +76,11 @@ func OpenFile(path string, opts FileOptions) (*File, error) {
 		return fail(fmt.Errorf("Create and Shrink need write access: %w", ErrReadOnly))
 	}
 	// Refuse what is not a regular file before opening it: opening a FIFO would block.
-	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
+	fi, err := preStat(path, opts.NoSymlinks)
+	switch {
+	case errors.Is(err, ErrSymlink):
+		return fail(err)
+	case err == nil && !fi.Mode().IsRegular():
 		return fail(fmt.Errorf("mode %v: %w", fi.Mode().Type(), ErrNotRegularFile))
 	}
 
@@ -76,7 +88,7 @@ func OpenFile(path string, opts FileOptions) (*File, error) {
 	if opts.ReadOnly {
 		flags = os.O_RDONLY
 	}
-	f, created, err := openOrCreate(path, flags, opts.Create)
+	f, created, err := openOrCreate(path, flags, opts.Create, opts.NoSymlinks)
 	if err != nil {
 		return fail(err)
 	}
@@ -117,6 +129,9 @@ func OpenFile(path string, opts FileOptions) (*File, error) {
 		return fail(fmt.Errorf("flock: %w", err))
 	}
 	remove = created
+	if err := admit(f, opts.Admit); err != nil {
+		return fail(err)
+	}
 	// Stat again under the lock: the previous holder may have resized the file.
 	if err := fstat(f, &st); err != nil {
 		return fail(err)
@@ -165,10 +180,11 @@ func OpenFile(path string, opts FileOptions) (*File, error) {
 }
 
 // openOrCreate opens path, creating it when create is set and it does not exist; created tells
-// whether this call created it.
-func openOrCreate(path string, flags int, create bool) (f *os.File, created bool, err error) {
+// whether this call created it. O_EXCL never creates through a symlink in the last component
+// (the kernel fails it with EEXIST), so an existing symlink goes to the plain open.
+func openOrCreate(path string, flags int, create, noSymlinks bool) (f *os.File, created bool, err error) {
 	if create {
-		f, err = os.OpenFile(path, flags|os.O_CREATE|os.O_EXCL, 0o600)
+		f, err = openPath(path, flags|os.O_CREATE|os.O_EXCL, 0o600, noSymlinks)
 		if err == nil {
 			return f, true, nil
 		}
@@ -176,7 +192,7 @@ func openOrCreate(path string, flags int, create bool) (f *os.File, created bool
 			return nil, false, err
 		}
 	}
-	f, err = os.OpenFile(path, flags, 0)
+	f, err = openPath(path, flags, 0, noSymlinks)
 	return f, false, err
 }
 

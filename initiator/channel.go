@@ -409,7 +409,7 @@ func (c *channel) activate(qp transport.QP, conn transport.CMConn, p connParams)
 		}
 	}
 	c.mu.Lock()
-	c.reqLim = p.credits
+	c.reqLim = clampCredits(int64(p.credits), c.maxReqLim())
 	c.ehReset = nil
 	c.invQ = c.invQ[:0]
 	c.tm.waiting = false
@@ -527,20 +527,7 @@ func (c *channel) startCmd(ctx context.Context, r *request, spec *cmdSpec, wait 
 		}
 	}
 	// c.mu and postMu (read) held.
-	c.reqLim--
-	r.gen++
-	r.tag = makeTag(false, r.gen, c.idx, r.idx)
-	r.state = reqInflight
-	r.out = outNone
-	r.pending = 0
-	r.ungiven = 0
-	r.nregs = 0
-	r.invQueued = false
-	r.signaled = false
-	r.imm = false
-	r.senseLen = 0
-	r.spec = *spec
-	c.inflight++
+	c.beginLocked(r, spec)
 	c.mu.Unlock()
 	select { // a token left over from an earlier use (should not happen)
 	case <-r.done:
@@ -568,6 +555,24 @@ func (c *channel) startCmd(ctx context.Context, r *request, spec *cmdSpec, wait 
 	c.inflight--
 	c.mu.Unlock()
 	return false, err
+}
+
+// beginLocked spends a credit on r and makes it the in-flight command of spec, under a new tag.
+func (c *channel) beginLocked(r *request, spec *cmdSpec) {
+	c.reqLim--
+	r.gen++
+	r.tag = makeTag(false, r.gen, c.idx, r.idx)
+	r.state = reqInflight
+	r.out = outNone
+	r.pending = 0
+	r.ungiven = 0
+	r.nregs = 0
+	r.invQueued = false
+	r.signaled = false
+	r.imm = false
+	r.senseLen = 0
+	r.spec = *spec
+	c.inflight++
 }
 
 // queueInvLocked asks the channel goroutine to give r's MR handles back (invalidating the
@@ -1135,21 +1140,33 @@ func (c *channel) handleIU(b []byte) error {
 
 func (c *channel) addCredits(d int32) {
 	c.mu.Lock()
-	c.reqLim += d
+	c.addCreditsLocked(d)
+	c.mu.Unlock()
+}
+
+// maxReqLim is the most credits the channel keeps: one per request slot and the one reserved
+// for task management. More could never be used, and a target's REQUEST LIMIT DELTA (a signed
+// 32-bit number, added as ib_srp adds it) must not overflow the count: 2^31-1 credits and one
+// more used to wrap it negative and starve the channel for good.
+func (c *channel) maxReqLim() int32 { return int32(len(c.reqs)) + 1 }
+
+// addCreditsLocked adds a REQUEST LIMIT DELTA, keeping the credits within [0, maxReqLim]:
+// below zero there is nothing to send with either way, and what the target grants beyond what
+// we can use is never needed (keeping fewer than granted never exceeds the target's limit).
+func (c *channel) addCreditsLocked(d int32) {
+	c.reqLim = clampCredits(int64(c.reqLim)+int64(d), c.maxReqLim())
 	if d > 0 {
 		c.wakeCreditLocked()
 	}
-	c.mu.Unlock()
 }
+
+func clampCredits(v int64, hi int32) int32 { return int32(min(max(v, 0), int64(hi))) }
 
 func (c *channel) handleRsp(rsp srp.Rsp) {
 	t := rsp.Tag()
 	tag := binary.BigEndian.Uint64(t[:])
 	c.mu.Lock()
-	c.reqLim += rsp.ReqLimDelta()
-	if rsp.ReqLimDelta() > 0 {
-		c.wakeCreditLocked()
-	}
+	c.addCreditsLocked(rsp.ReqLimDelta())
 	if tag&tagTM != 0 {
 		if c.tm.waiting && c.tm.tag == tag {
 			c.tm.waiting = false

@@ -1,0 +1,543 @@
+package initiator
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/srpd/srpd/frpool"
+	"github.com/srpd/srpd/internal/fuzzbound"
+	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/srp"
+	"github.com/srpd/srpd/transport"
+	"github.com/srpd/srpd/transport/softroce/link"
+)
+
+// The IUs a hostile target sends, fed to a real channel: newChannel and activate on a softroce
+// device (PD, CQ, memory, MRs, MR pool all real), but on a QP that talks to no peer (recQP):
+// it takes every post and completes none. Commands are put in flight by startCmd, the target's
+// IUs arrive as receive completions through handleWC (copied into the receive buffer, as the
+// device would place them), and each batch ends with afterBatch, as serve does.
+
+// recQP is a QP in RTS that accepts every post and records the send WRs; nothing completes.
+type recQP struct {
+	mu    sync.Mutex
+	sends []transport.SendWR // SGLs copied
+	recvs int
+}
+
+func (q *recQP) QPN() uint32              { return 0x11 }
+func (q *recQP) State() transport.QPState { return transport.QPSRTS }
+func (q *recQP) Modify(*transport.QPAttr, transport.QPAttrMask) error {
+	return nil
+}
+func (q *recQP) Query() transport.QPAttr {
+	return transport.QPAttr{State: transport.QPSRTS, Cap: transport.QPCap{MaxSendWR: 1 << 12, MaxRecvWR: 1 << 12, MaxSendSGE: 1, MaxRecvSGE: 1}}
+}
+func (q *recQP) PostSend(wrs []transport.SendWR) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, wr := range wrs {
+		wr.SGL = append([]transport.SGE(nil), wr.SGL...)
+		q.sends = append(q.sends, wr)
+	}
+	return nil
+}
+func (q *recQP) PostRecv(wrs []transport.RecvWR) error {
+	q.mu.Lock()
+	q.recvs += len(wrs)
+	q.mu.Unlock()
+	return nil
+}
+func (q *recQP) SendQueueFree() int { return 1 << 12 }
+func (q *recQP) RecvQueueFree() int { return 1 << 12 }
+func (q *recQP) Close() error       { return nil }
+
+const (
+	iuHarnessQD   = 4
+	iuHarnessRxIU = 1024
+	iuHarnessImm  = 256
+)
+
+// iuHarness is one channel, live on a recQP.
+type iuHarness struct {
+	c       *channel
+	qp      *recQP
+	started []*request
+	recvIdx int
+}
+
+func newIUHarness(dev transport.Device, credits int32) (*iuHarness, error) {
+	cfg, err := Config{Device: dev, Dialer: &testDialer{}, QueueDepth: iuHarnessQD, MaxIOSize: 16 << 10,
+		MaxImmediateData: iuHarnessImm, Logger: zap.NewNop()}.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Session{cfg: cfg, log: cfg.Logger}
+	c, err := newChannel(s, 1)
+	if err != nil {
+		return nil, err
+	}
+	h := &iuHarness{c: c, qp: &recQP{}}
+	p := connParams{txIULen: 512, rxIULen: iuHarnessRxIU, maxDescs: 1, maxImm: iuHarnessImm, credits: credits}
+	if err := c.activate(h.qp, nil, p); err != nil {
+		c.release()
+		return nil, err
+	}
+	return h, nil
+}
+
+// close tears the channel down as teardown does after a QP error (without its waits for
+// flushed receives, which recQP never completes): the pool settles every registration, every
+// handle goes back, and release frees every MR (nothing leaks from one input to the next).
+func (h *iuHarness) close() {
+	c := h.c
+	c.pool.HandleQPError(errors.New("fuzz input done"))
+	var give []*frpool.Reg
+	c.mu.Lock()
+	for i := range c.reqs {
+		r := &c.reqs[i]
+		for j := 0; r.state == reqInflight && j < r.nregs; j++ {
+			if !r.given[j] {
+				give = append(give, r.regs[j])
+				r.given[j] = true
+				r.ungiven--
+			}
+		}
+	}
+	c.mu.Unlock()
+	for _, reg := range give {
+		_ = c.pool.Invalidate(reg)
+	}
+	c.release()
+}
+
+// start puts a command in flight with startCmd: kind 0 no data (TEST UNIT READY), 1 a 4 KiB
+// READ (an MR), 2 a 128-byte WRITE (immediate data), 3 a 512-byte READ.
+func (h *iuHarness) start(kind int) error {
+	c := h.c
+	c.mu.Lock()
+	enough := c.reqLim > 1 // one less would start a credit probe (a goroutine waiting for TM)
+	c.mu.Unlock()
+	if !enough {
+		return nil
+	}
+	var r *request
+	select {
+	case r = <-c.free:
+	default:
+		return nil
+	}
+	sp := cmdSpec{op: "fuzz", lun: 0, cdbLen: 16}
+	switch kind {
+	case 0:
+	case 1, 3:
+		sp.cdb[0], sp.dir, sp.n = opRead16, dirIn, 4096
+		if kind == 3 {
+			sp.n = 512
+		}
+		sp.buf = make([]byte, sp.n)
+	case 2:
+		sp.cdb[0], sp.dir, sp.n = opWrite16, dirOut, 128
+		sp.buf = make([]byte, sp.n)
+	}
+	posted, err := c.startCmd(context.Background(), r, &sp, false)
+	if !posted {
+		c.free <- r
+		return fmt.Errorf("start kind %d: %w", kind, err)
+	}
+	h.started = append(h.started, r)
+	return nil
+}
+
+// deliver hands b to the channel as a receive completion and ends the batch.
+func (h *iuHarness) deliver(b []byte) error {
+	c := h.c
+	i := h.recvIdx % c.nRecv
+	h.recvIdx++
+	n := copy(c.rxBuf(i, uint32(len(b))), b)
+	wc := transport.WC{ID: uint64(i), Status: transport.WCSuccess, Opcode: transport.WCRecv, ByteLen: uint32(n), QPN: h.qp.QPN()}
+	err := c.handleWC(&wc)
+	c.afterBatch()
+	return err
+}
+
+// reqSnap is what a response may change in a request slot.
+type reqSnap struct {
+	state             reqState
+	tag               uint64
+	gen               uint32
+	out               outcome
+	status            uint8
+	flags             srp.RspFlags
+	diResid, doResid  uint32
+	senseLen          int
+	sense             [scsi.MaxSenseLen]byte
+	signaled, invQued bool
+}
+
+func (h *iuHarness) snapshot() []reqSnap {
+	c := h.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]reqSnap, len(c.reqs))
+	for i := range c.reqs {
+		r := &c.reqs[i]
+		out[i] = reqSnap{r.state, r.tag, r.gen, r.out, r.status, r.rspFlags, r.diResid, r.doResid, r.senseLen, r.sense, r.signaled, r.invQueued}
+	}
+	return out
+}
+
+// iuEntry is one IU of a FuzzChannelIUs script: a mode byte, a big-endian 16-bit length and
+// the IU. Mode bits 0-2 rewrite the IU's tag (bytes 8-15) so that the fuzzer reaches the
+// requests it cannot guess: 0 as is, 1 the tag of started command k (k = mode>>3), 2 the
+// tag of an earlier use of k's slot (stale), 3 k's slot on another channel, 4 a task
+// management tag nobody waits for.
+func iuEntry(mode byte, iu []byte) []byte {
+	return append([]byte{mode, byte(len(iu) >> 8), byte(len(iu))}, iu...)
+}
+
+const (
+	tagAsIs = iota
+	tagLive
+	tagStale
+	tagOtherChannel
+	tagTMUnwaited
+)
+
+func (h *iuHarness) rewriteTag(mode byte, iu []byte) {
+	if len(iu) < 16 || mode&7 == tagAsIs || mode&7 > tagTMUnwaited {
+		return
+	}
+	var tag uint64
+	if mode&7 == tagTMUnwaited {
+		tag = makeTag(true, h.c.tm.seq+1, h.c.idx, 0xffff)
+	} else {
+		if len(h.started) == 0 {
+			return
+		}
+		r := h.started[int(mode>>3)%len(h.started)]
+		switch mode & 7 {
+		case tagLive:
+			tag = r.tag
+		case tagStale:
+			tag = makeTag(false, r.gen-1, h.c.idx, r.idx)
+		case tagOtherChannel:
+			tag = makeTag(false, r.gen, h.c.idx+1, r.idx)
+		}
+	}
+	binary.BigEndian.PutUint64(iu[8:], tag)
+}
+
+// channelIUSeeds: responses good and bad for live, stale and foreign tags, residuals beyond
+// the transfer, sense and response data lengths beyond the IU, credit deltas at the limits
+// of 32 bits, target requests (more than the answer buffers and queue hold), a logout and
+// IUs the initiator never expects.
+func channelIUSeeds() [][]byte {
+	rsp := func(f srp.RspFields) []byte {
+		b := make([]byte, iuHarnessRxIU)
+		n, err := srp.Rsp(b).Encode(&f, len(b))
+		if err != nil {
+			panic(err)
+		}
+		return b[:n]
+	}
+	cred := func(d int32) []byte {
+		b := make([]byte, srp.CredReqLen)
+		n, _ := srp.CredReq(b).Encode(&srp.CredReqFields{ReqLimDelta: d, Tag: srp.Tag{7}})
+		return b[:n]
+	}
+	aer := func(d int32, sense []byte) []byte {
+		b := make([]byte, srp.AerReqHdrLen+len(sense))
+		n, _ := srp.AerReq(b).Encode(&srp.AerReqFields{ReqLimDelta: d, Tag: srp.Tag{9}, Sense: sense})
+		return b[:n]
+	}
+	tlogout := func() []byte {
+		b := make([]byte, srp.TLogoutLen)
+		n, _ := srp.TLogout(b).Encode(&srp.TLogoutFields{Reason: srp.TLogoutNoReason})
+		return b[:n]
+	}
+	var sense [scsi.MaxSenseLen]byte
+	sl := scsi.Sense{Key: scsi.UnitAttention, ASC: 0x29}.EncodeFixed(sense[:])
+	good := rsp(srp.RspFields{ReqLimDelta: 1})
+	check := rsp(srp.RspFields{ReqLimDelta: 1, Status: 2, Sense: sense[:sl]})
+	under := rsp(srp.RspFields{ReqLimDelta: 1, Flags: srp.DIUnder, DataInResid: 0xffffffff})
+	over := rsp(srp.RspFields{ReqLimDelta: 1, Flags: srp.DIOver | srp.DOUnder, DataInResid: 1 << 31, DataOutResid: 7})
+	bigSense := rsp(srp.RspFields{ReqLimDelta: 1, Status: 2, Sense: make([]byte, 600)})
+	senseBeyond := append([]byte(nil), check...)
+	binary.BigEndian.PutUint32(senseBeyond[28:], 0xfffffff0)
+	respBeyond := rsp(srp.RspFields{ReqLimDelta: 1, RespData: []byte{0, 0, 0, 0}})
+	binary.BigEndian.PutUint32(respBeyond[32:], 1<<20)
+	cat := func(es ...[]byte) (b []byte) {
+		for _, e := range es {
+			b = append(b, e...)
+		}
+		return b
+	}
+	var flood []byte
+	for range maxCtrlQ + nCtrlBufs + 3 {
+		flood = append(flood, iuEntry(0, cred(1))...)
+	}
+	return [][]byte{
+		cat(iuEntry(tagLive, good), iuEntry(tagLive|1<<3, check), iuEntry(tagLive|2<<3, under), iuEntry(tagLive|3<<3, over)),
+		cat(iuEntry(tagLive, good), iuEntry(tagLive, good)), // the same answer twice: the second is stale
+		cat(iuEntry(tagStale, good), iuEntry(tagOtherChannel, good), iuEntry(tagTMUnwaited, good), iuEntry(tagAsIs, good)),
+		cat(iuEntry(tagLive, bigSense), iuEntry(tagLive|1<<3, senseBeyond), iuEntry(tagLive|2<<3, respBeyond)),
+		cat(iuEntry(0, cred(0x7fffffff)), iuEntry(0, cred(0x7fffffff)), iuEntry(tagLive, good)),
+		cat(iuEntry(0, cred(-0x80000000)), iuEntry(tagLive, rsp(srp.RspFields{ReqLimDelta: -5}))),
+		cat(iuEntry(0, aer(3, sense[:sl])), iuEntry(0, aer(0, []byte{0x72, 5})), iuEntry(0, aer(1, nil))),
+		flood,
+		cat(iuEntry(tagLive, good), iuEntry(0, tlogout()), iuEntry(tagLive|1<<3, good)),
+		cat(iuEntry(0, nil), iuEntry(0, []byte{byte(srp.OpCmd)}), iuEntry(0, []byte{byte(srp.OpLoginReq), 0, 0, 0})),
+		cat(iuEntry(0, good[:20])),
+	}
+}
+
+// FuzzChannelIUs feeds a hostile target's IUs to a live channel with commands in flight. Per
+// IU: no panic; the error, if any, is a protocol error or the target's logout (and the
+// channel handles nothing more, as serve tears it down); credits are exactly the clamped sum
+// of the deltas of every IU that carries one, within [0, maxReqLim]; an SRP_RSP changes
+// only the request its tag names while that request waits for its answer (otherwise nothing
+// but the stale-response count); an answered request keeps the status, residuals and sense
+// (up to MaxSenseLen) of the response, and its data-in length stays within its buffer; the
+// in-flight count matches the table; a CRED_REQ or AER_REQ is answered with its tag, queued,
+// or dropped only when the queue is full.
+func FuzzChannelIUs(f *testing.F) {
+	a, b := link.NewPipe(netip.MustParseAddr("10.0.9.1"), netip.MustParseAddr("10.0.9.2"), link.PipeConfig{})
+	_ = b
+	dev := openDev(f, a, "fuzz-ini")
+	for _, s := range channelIUSeeds() {
+		f.Add(int32(32), uint16(4|1<<3|2<<5|3<<7), s)
+	}
+	f.Add(int32(0x7fffffff), uint16(3), channelIUSeeds()[4])
+	f.Add(int32(-1), uint16(4), channelIUSeeds()[0])
+	f.Fuzz(func(t *testing.T, login int32, setup uint16, script []byte) {
+		fuzzbound.Run(t, func() {
+			if err := channelIUsOne(dev, login, setup, script); err != nil {
+				t.Error(err)
+			}
+		})
+	})
+}
+
+func channelIUsOne(dev transport.Device, login int32, setup uint16, script []byte) error {
+	h, err := newIUHarness(dev, login)
+	if err != nil {
+		return err
+	}
+	defer h.close()
+	c := h.c
+	maxLim := int64(iuHarnessQD) + 1 // a credit per slot and one for task management
+	sat := func(v int64) int32 { return int32(min(max(v, 0), maxLim)) }
+	want := sat(int64(login))
+	if c.reqLim != want {
+		return fmt.Errorf("login credits %d: %d, want %d", login, c.reqLim, want)
+	}
+	for i := 0; i < int(setup&7); i++ {
+		if err := h.start(int(setup>>(3+2*i)) & 3); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	want = c.reqLim
+	c.mu.Unlock()
+	for len(script) >= 3 {
+		mode, l := script[0], int(binary.BigEndian.Uint16(script[1:]))
+		script = script[3:]
+		iu := append([]byte(nil), script[:min(l, len(script), iuHarnessRxIU)]...)
+		script = script[min(l, len(script)):]
+		h.rewriteTag(mode, iu)
+
+		before := h.snapshot()
+		stale := c.s.stats.staleRsps.Load()
+		h.qp.mu.Lock()
+		nSends := len(h.qp.sends)
+		h.qp.mu.Unlock()
+		ctrlQLen := len(c.ctrlQ)
+
+		err := h.deliver(iu)
+		if err != nil && !errors.Is(err, errProtocol) && !errors.Is(err, errTargetLogout) {
+			return fmt.Errorf("IU % x: error %v", iu, err)
+		}
+		after := h.snapshot()
+
+		// What the IU is, as the channel must have understood it.
+		var delta int32
+		var rsp srp.Rsp
+		var ctrlTag *srp.Tag
+		var ctrlOp srp.Opcode
+		if op, perr := srp.PeekOpcode(iu); perr == nil {
+			switch op {
+			case srp.OpRsp:
+				if r, perr := srp.ParseRsp(iu); perr == nil {
+					rsp, delta = r, r.ReqLimDelta()
+				}
+			case srp.OpCredReq:
+				if r, perr := srp.ParseCredReq(iu); perr == nil {
+					tag := r.Tag()
+					delta, ctrlTag, ctrlOp = r.ReqLimDelta(), &tag, srp.OpCredRsp
+				}
+			case srp.OpAerReq:
+				if r, perr := srp.ParseAerReq(iu); perr == nil {
+					tag := r.Tag()
+					delta, ctrlTag, ctrlOp = r.ReqLimDelta(), &tag, srp.OpAerRsp
+				}
+			}
+		}
+		want = sat(int64(want) + int64(delta))
+		c.mu.Lock()
+		lim, inflight := c.reqLim, c.inflight
+		c.mu.Unlock()
+		if lim != want {
+			return fmt.Errorf("IU % x: credits %d, want %d (max %d)", iu, lim, want, maxLim)
+		}
+		n := 0
+		for _, s := range after {
+			if s.state == reqInflight && !s.signaled {
+				n++
+			}
+		}
+		if n != inflight {
+			return fmt.Errorf("IU % x: %d requests in flight, the channel counts %d", iu, n, inflight)
+		}
+
+		answered := -1
+		if rsp != nil {
+			t := rsp.Tag()
+			tag := binary.BigEndian.Uint64(t[:])
+			for i, s := range before {
+				if s.state == reqInflight && s.tag == tag && s.out == outNone && tag&tagTM == 0 {
+					answered = i
+				}
+			}
+			if answered < 0 && tag&tagTM == 0 && c.s.stats.staleRsps.Load() != stale+1 {
+				return fmt.Errorf("IU % x: response for tag %#x not counted as stale", iu, tag)
+			}
+		}
+		for i := range before {
+			if i != answered {
+				if after[i] != before[i] {
+					return fmt.Errorf("IU % x: request %d changed: %+v -> %+v", iu, i, before[i], after[i])
+				}
+				continue
+			}
+			s, r := after[i], &c.reqs[i]
+			sense := rsp.Sense()
+			if s.out != outRsp || s.status != rsp.Status() || s.flags != rsp.Flags() || s.diResid != rsp.DataInResid() ||
+				s.doResid != rsp.DataOutResid() || s.senseLen != min(len(sense), scsi.MaxSenseLen) ||
+				string(s.sense[:s.senseLen]) != string(sense[:s.senseLen]) {
+				return fmt.Errorf("IU % x: request %d answered as %+v", iu, i, s)
+			}
+			if r.spec.dir == dirIn {
+				if got := dataInLen(r.spec.n, s.flags, s.diResid); got < 0 || got > r.spec.n {
+					return fmt.Errorf("IU % x: data-in length %d of %d", iu, got, r.spec.n)
+				}
+			}
+		}
+
+		if ctrlTag != nil && err == nil {
+			if err := h.checkAnswered(nSends, ctrlQLen, ctrlOp, *ctrlTag); err != nil {
+				return fmt.Errorf("IU % x: %w", iu, err)
+			}
+		}
+		if len(c.ctrlQ) > maxCtrlQ {
+			return fmt.Errorf("%d queued answers", len(c.ctrlQ))
+		}
+		if err != nil {
+			return nil // serve tears the channel down: nothing more reaches it
+		}
+	}
+	return nil
+}
+
+// checkAnswered: the target request just handled was answered (a new send carrying op and
+// tag), queued for a free answer buffer, or dropped because the queue was full.
+func (h *iuHarness) checkAnswered(nSends, ctrlQLen int, op srp.Opcode, tag srp.Tag) error {
+	c := h.c
+	h.qp.mu.Lock()
+	sends := h.qp.sends[nSends:]
+	h.qp.mu.Unlock()
+	for _, wr := range sends {
+		// The pool posts under IDs of its own: an answer is found by its buffer.
+		if wr.Opcode != transport.WRSend || len(wr.SGL) != 1 {
+			continue
+		}
+		off := int(wr.SGL[0].Addr - c.iuMem.Addr())
+		isCtrl := false
+		for _, o := range c.ctrlBuf {
+			isCtrl = isCtrl || o == off
+		}
+		if !isCtrl {
+			continue
+		}
+		b := c.iuMem.Bytes()[off : off+int(wr.SGL[0].Length)]
+		if len(b) == srp.CredRspLen && srp.Opcode(b[0]) == op && string(b[8:16]) == string(tag[:]) {
+			return nil
+		}
+	}
+	if len(c.ctrlQ) == ctrlQLen+1 && c.ctrlQ[ctrlQLen] == (ctrlMsg{op, tag}) {
+		return nil
+	}
+	if ctrlQLen == maxCtrlQ && len(c.ctrlQ) == maxCtrlQ {
+		return nil // dropped: the queue is full
+	}
+	return fmt.Errorf("%v for tag %v neither sent nor queued (%d queued)", op, tag, len(c.ctrlQ))
+}
+
+// TestChannelCreditBounds: the credits a target grants (login, SRP_RSP, CRED_REQ, AER_REQ)
+// stay within [0, queue depth + 1] whatever the deltas. Two CRED_REQs of 2^31-1 used to wrap
+// the count negative (the channel then starved for good: no command, no task management
+// probe); a delta of -2^31 did the same from the other side.
+func TestChannelCreditBounds(t *testing.T) {
+	a, _ := link.NewPipe(netip.MustParseAddr("10.0.9.1"), netip.MustParseAddr("10.0.9.2"), link.PipeConfig{})
+	dev := openDev(t, a, "credits")
+	cred := func(d int32) []byte {
+		b := make([]byte, srp.CredReqLen)
+		n, _ := srp.CredReq(b).Encode(&srp.CredReqFields{ReqLimDelta: d})
+		return b[:n]
+	}
+	max := int32(iuHarnessQD + 1)
+	cases := []struct {
+		name   string
+		login  int32
+		deltas []int32
+		want   int32
+	}{
+		{"plain", 2, []int32{1, 1}, 4},
+		{"login beyond the queue depth", 1 << 20, nil, max},
+		{"negative login", -3, nil, 0},
+		{"2^31-1 twice", 2, []int32{0x7fffffff, 0x7fffffff}, max},
+		{"-2^31", 2, []int32{-0x80000000}, 0},
+		{"-2^31 then back", 2, []int32{-0x80000000, 3}, 3},
+		{"beyond and back down", 2, []int32{100, -1}, max - 1},
+	}
+	for _, c := range cases {
+		h, err := newIUHarness(dev, c.login)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range c.deltas {
+			if err := h.deliver(cred(d)); err != nil {
+				t.Fatalf("%s: %v", c.name, err)
+			}
+		}
+		h.c.mu.Lock()
+		got := h.c.reqLim
+		h.c.mu.Unlock()
+		if got != c.want {
+			t.Errorf("%s: %d credits, want %d", c.name, got, c.want)
+		}
+		if got > 1 {
+			if err := h.start(0); err != nil || len(h.started) != 1 {
+				t.Errorf("%s: no command with %d credits: %v", c.name, got, err)
+			}
+		}
+		h.close()
+	}
+}

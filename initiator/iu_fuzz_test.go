@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
 	"github.com/srpd/srpd/transport"
+	"github.com/srpd/srpd/transport/softroce"
 	"github.com/srpd/srpd/transport/softroce/link"
 )
 
@@ -59,6 +61,9 @@ func (q *recQP) SendQueueFree() int { return 1 << 12 }
 func (q *recQP) RecvQueueFree() int { return 1 << 12 }
 func (q *recQP) Close() error       { return nil }
 
+// setupTM (FuzzChannelIUs setup bit 15): a task management function waits for its answer.
+const setupTM = 1 << 15
+
 const (
 	iuHarnessQD   = 4
 	iuHarnessRxIU = 1024
@@ -71,11 +76,12 @@ type iuHarness struct {
 	qp      *recQP
 	started []*request
 	recvIdx int
+	tmRes   chan error // the result of the task management function started by startTM
 }
 
 func newIUHarness(dev transport.Device, credits int32) (*iuHarness, error) {
 	cfg, err := Config{Device: dev, Dialer: &testDialer{}, QueueDepth: iuHarnessQD, MaxIOSize: 16 << 10,
-		MaxImmediateData: iuHarnessImm, Logger: zap.NewNop()}.withDefaults()
+		MaxImmediateData: iuHarnessImm, TaskMgmtTimeout: 5 * time.Second, Logger: zap.NewNop()}.withDefaults()
 	if err != nil {
 		return nil, err
 	}
@@ -98,6 +104,18 @@ func newIUHarness(dev transport.Device, credits int32) (*iuHarness, error) {
 // handle goes back, and release frees every MR (nothing leaks from one input to the next).
 func (h *iuHarness) close() {
 	c := h.c
+	c.mu.Lock()
+	if c.tm.waiting { // as teardown ends a task management function waiting for its answer
+		c.tm.waiting, c.tm.err = false, errChannelDown
+		select {
+		case c.tm.done <- struct{}{}:
+		default:
+		}
+	}
+	c.mu.Unlock()
+	if h.tmRes != nil {
+		<-h.tmRes
+	}
 	c.pool.HandleQPError(errors.New("fuzz input done"))
 	var give []*frpool.Reg
 	c.mu.Lock()
@@ -156,6 +174,35 @@ func (h *iuHarness) start(kind int) error {
 	return nil
 }
 
+// startTM runs ABORT TASK (for a tag never used) on a goroutine, as the credit probe does, and
+// returns once it waits for its answer.
+func (h *iuHarness) startTM() error {
+	c := h.c
+	c.mu.Lock()
+	enough := c.reqLim > 0
+	c.mu.Unlock()
+	if !enough {
+		return nil
+	}
+	h.tmRes = make(chan error, 1)
+	go func() { h.tmRes <- c.taskMgmt(srp.TMAbortTask, 0, srp.LUN{}, makeTag(false, 0, c.idx, 0xfffe)) }()
+	for i := 0; i < 1000; i++ {
+		c.mu.Lock()
+		w := c.tm.waiting
+		c.mu.Unlock()
+		if w {
+			return nil
+		}
+		select {
+		case err := <-h.tmRes:
+			h.tmRes = nil
+			return fmt.Errorf("task management ended before its answer: %w", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return errors.New("task management never waited for its answer")
+}
+
 // deliver hands b to the channel as a receive completion and ends the batch.
 func (h *iuHarness) deliver(b []byte) error {
 	c := h.c
@@ -198,7 +245,7 @@ func (h *iuHarness) snapshot() []reqSnap {
 // the IU. Mode bits 0-2 rewrite the IU's tag (bytes 8-15) so that the fuzzer reaches the
 // requests it cannot guess: 0 as is, 1 the tag of started command k (k = mode>>3), 2 the
 // tag of an earlier use of k's slot (stale), 3 k's slot on another channel, 4 a task
-// management tag nobody waits for.
+// management tag nobody waits for, 5 the tag of the task management function waiting.
 func iuEntry(mode byte, iu []byte) []byte {
 	return append([]byte{mode, byte(len(iu) >> 8), byte(len(iu))}, iu...)
 }
@@ -209,16 +256,24 @@ const (
 	tagStale
 	tagOtherChannel
 	tagTMUnwaited
+	tagTMWaiting
 )
 
 func (h *iuHarness) rewriteTag(mode byte, iu []byte) {
-	if len(iu) < 16 || mode&7 == tagAsIs || mode&7 > tagTMUnwaited {
+	if len(iu) < 16 || mode&7 == tagAsIs || mode&7 > tagTMWaiting {
 		return
 	}
 	var tag uint64
-	if mode&7 == tagTMUnwaited {
+	switch mode & 7 {
+	case tagTMUnwaited:
+		h.c.mu.Lock()
 		tag = makeTag(true, h.c.tm.seq+1, h.c.idx, 0xffff)
-	} else {
+		h.c.mu.Unlock()
+	case tagTMWaiting:
+		h.c.mu.Lock()
+		tag = h.c.tm.tag
+		h.c.mu.Unlock()
+	default:
 		if len(h.started) == 0 {
 			return
 		}
@@ -299,6 +354,24 @@ func channelIUSeeds() [][]byte {
 	}
 }
 
+// tmSeeds are answers to a task management function (FuzzChannelIUs with setupTM).
+func tmSeeds() [][]byte {
+	rsp := func(resp []byte) []byte {
+		b := make([]byte, 64)
+		n, err := srp.Rsp(b).Encode(&srp.RspFields{ReqLimDelta: 1, RespData: resp}, len(b))
+		if err != nil {
+			panic(err)
+		}
+		return b[:n]
+	}
+	return [][]byte{
+		iuEntry(tagTMWaiting, rsp([]byte{0, 0, 0, 0})),
+		iuEntry(tagTMWaiting, rsp([]byte{0, 0, 0, 5})),
+		iuEntry(tagTMWaiting, rsp(nil)),
+		append(iuEntry(tagTMUnwaited, rsp([]byte{0, 0, 0, 0})), iuEntry(tagTMWaiting, rsp([]byte{0, 0, 0, 4}))...),
+	}
+}
+
 // FuzzChannelIUs feeds a hostile target's IUs to a live channel with commands in flight. Per
 // IU: no panic; the error, if any, is a protocol error or the target's logout (and the
 // channel handles nothing more, as serve tears it down); credits are exactly the clamped sum
@@ -309,21 +382,65 @@ func channelIUSeeds() [][]byte {
 // in-flight count matches the table; a CRED_REQ or AER_REQ is answered with its tag, queued,
 // or dropped only when the queue is full.
 func FuzzChannelIUs(f *testing.F) {
-	a, b := link.NewPipe(netip.MustParseAddr("10.0.9.1"), netip.MustParseAddr("10.0.9.2"), link.PipeConfig{})
-	_ = b
-	dev := openDev(f, a, "fuzz-ini")
+	devs := &harnessDevs{tb: f}
+	f.Cleanup(devs.close)
 	for _, s := range channelIUSeeds() {
 		f.Add(int32(32), uint16(4|1<<3|2<<5|3<<7), s)
+	}
+	for _, s := range tmSeeds() {
+		f.Add(int32(8), uint16(setupTM|2|1<<3), s)
 	}
 	f.Add(int32(0x7fffffff), uint16(3), channelIUSeeds()[4])
 	f.Add(int32(-1), uint16(4), channelIUSeeds()[0])
 	f.Fuzz(func(t *testing.T, login int32, setup uint16, script []byte) {
 		fuzzbound.Run(t, func() {
+			dev, err := devs.get()
+			if err != nil {
+				t.Error(err)
+				return
+			}
 			if err := channelIUsOne(dev, login, setup, script); err != nil {
 				t.Error(err)
 			}
 		})
 	})
+}
+
+// harnessDevs hands out a softroce device for one input's channel, a fresh one every
+// devChannels channels: softroce counts every CQ ever created against MaxCQ (65536) and never
+// gives the count back on Close (transport/softroce/device.go CreateCQ), so one device runs
+// out of CQs after that many channels.
+type harnessDevs struct {
+	tb  testing.TB
+	dev *softroce.Device
+	n   int
+}
+
+const devChannels = 1 << 14
+
+func (d *harnessDevs) get() (*softroce.Device, error) {
+	if d.dev != nil && d.n < devChannels {
+		d.n++
+		return d.dev, nil
+	}
+	d.close()
+	a, _ := link.NewPipe(netip.MustParseAddr("10.0.9.1"), netip.MustParseAddr("10.0.9.2"), link.PipeConfig{})
+	dev, err := softroce.Open(softroce.Config{Link: a, Name: "fuzz-ini"})
+	if err != nil {
+		return nil, err
+	}
+	d.dev, d.n = dev, 1
+	return dev, nil
+}
+
+func (d *harnessDevs) close() {
+	if d.dev == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = d.dev.Close(ctx)
+	d.dev = nil
 }
 
 func channelIUsOne(dev transport.Device, login int32, setup uint16, script []byte) error {
@@ -344,6 +461,11 @@ func channelIUsOne(dev transport.Device, login int32, setup uint16, script []byt
 			return err
 		}
 	}
+	if setup&setupTM != 0 {
+		if err := h.startTM(); err != nil {
+			return err
+		}
+	}
 	c.mu.Lock()
 	want = c.reqLim
 	c.mu.Unlock()
@@ -354,6 +476,9 @@ func channelIUsOne(dev transport.Device, login int32, setup uint16, script []byt
 		script = script[min(l, len(script)):]
 		h.rewriteTag(mode, iu)
 
+		c.mu.Lock()
+		tmWaiting, tmTag := c.tm.waiting, c.tm.tag
+		c.mu.Unlock()
 		before := h.snapshot()
 		stale := c.s.stats.staleRsps.Load()
 		h.qp.mu.Lock()
@@ -441,6 +566,9 @@ func channelIUsOne(dev transport.Device, login int32, setup uint16, script []byt
 			}
 		}
 
+		if err := h.checkTM(tmWaiting, tmTag, rsp); err != nil {
+			return fmt.Errorf("IU % x: %w", iu, err)
+		}
 		if ctrlTag != nil && err == nil {
 			if err := h.checkAnswered(nSends, ctrlQLen, ctrlOp, *ctrlTag); err != nil {
 				return fmt.Errorf("IU % x: %w", iu, err)
@@ -452,6 +580,47 @@ func channelIUsOne(dev transport.Device, login int32, setup uint16, script []byt
 		if err != nil {
 			return nil // serve tears the channel down: nothing more reaches it
 		}
+	}
+	return nil
+}
+
+// checkTM: a task management function waiting for its answer ends when (and only when) a
+// response carries its tag, with success exactly when the response data says FUNCTION
+// COMPLETE.
+func (h *iuHarness) checkTM(waiting bool, tag uint64, rsp srp.Rsp) error {
+	if !waiting || h.tmRes == nil {
+		return nil
+	}
+	var answered bool
+	if rsp != nil {
+		t := rsp.Tag()
+		answered = binary.BigEndian.Uint64(t[:]) == tag
+	}
+	if !answered {
+		select {
+		case err := <-h.tmRes:
+			h.tmRes = nil
+			return fmt.Errorf("task management ended (%v) without its answer", err)
+		default:
+			return nil
+		}
+	}
+	var err error
+	select {
+	case err = <-h.tmRes:
+		h.tmRes = nil
+	case <-time.After(2 * time.Second):
+		return errors.New("task management not ended by its answer")
+	}
+	code, ok := rsp.TMResponse()
+	var tme *TaskMgmtError
+	switch {
+	case ok && code == srp.TMSuccess:
+		if err != nil {
+			return fmt.Errorf("FUNCTION COMPLETE gave %v", err)
+		}
+	case err == nil || !errors.As(err, &tme) || tme.Timeout || ok && tme.Response != code:
+		return fmt.Errorf("response code %v (present %v) gave %v", code, ok, err)
 	}
 	return nil
 }

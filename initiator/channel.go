@@ -164,9 +164,36 @@ type channel struct {
 	ctrlSGE    [1]transport.SGE
 	ctrlChain  frpool.Chain
 
+	// What a target can send as fast as it likes is logged at most once per logInterval each
+	// (with the count of what was held back), so that a hostile target cannot flood the log.
+	foreignLog, aerLog, ctrlLog logLimit
+
 	kick   chan struct{}
 	stop   chan struct{}
 	exited chan struct{}
+}
+
+// logInterval is the least time between two log entries of one logLimit.
+const logInterval = time.Second
+
+// logLimit lets one log entry through per logInterval and counts those it holds back.
+type logLimit struct {
+	mu   sync.Mutex
+	next time.Time
+	held int
+}
+
+// allow reports whether an entry may be logged now and how many were held back since the last.
+func (l *logLimit) allow() (ok bool, held int) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Before(l.next) {
+		l.held++
+		return false, 0
+	}
+	held, l.held, l.next = l.held, 0, now.Add(logInterval)
+	return true, held
 }
 
 type ctrlMsg struct {
@@ -1120,10 +1147,12 @@ func (c *channel) handleIU(b []byte) error {
 		}
 		c.addCredits(req.ReqLimDelta())
 		c.s.stats.aerReqs.Add(1)
-		sense, _ := scsi.ParseSense(req.Sense())
-		lun := req.LUN()
-		c.log.Info("asynchronous event from the target", zap.String("lun", scsi.LUNAddress(lun).String()),
-			zap.Stringer("sense", sense))
+		if ok, held := c.aerLog.allow(); ok {
+			sense, _ := scsi.ParseSense(req.Sense())
+			lun := req.LUN()
+			c.log.Info("asynchronous event from the target", zap.String("lun", scsi.LUNAddress(lun).String()),
+				zap.Stringer("sense", sense), zap.Int("not_logged_since", held))
+		}
 		c.sendCtrl(srp.OpAerRsp, req.Tag())
 	case srp.OpTLogout:
 		lo, err := srp.ParseTLogout(b)
@@ -1185,7 +1214,9 @@ func (c *channel) handleRsp(rsp srp.Rsp) {
 	if int(tag>>16&0xffff) != c.idx || slot >= len(c.reqs) {
 		c.mu.Unlock()
 		c.s.stats.staleRsps.Add(1)
-		c.log.Warn("response with a tag that is not ours", zap.Stringer("tag", t))
+		if ok, held := c.foreignLog.allow(); ok {
+			c.log.Warn("response with a tag that is not ours", zap.Stringer("tag", t), zap.Int("not_logged_since", held))
+		}
 		return
 	}
 	r := &c.reqs[slot]
@@ -1285,7 +1316,9 @@ func (c *channel) sendCtrl(op srp.Opcode, tag srp.Tag) {
 		c.ctrlSGE[0] = transport.SGE{Addr: c.iuMem.Addr() + uint64(off), Length: uint32(n), LKey: c.iuMR.LKey()}
 		c.ctrlWR[0] = transport.SendWR{ID: wrCtrl | uint64(i), Opcode: transport.WRSend, Flags: transport.SendSignaled, SGL: c.ctrlSGE[:]}
 		if err := c.pool.Post(&c.ctrlChain); err != nil {
-			c.log.Warn("cannot answer target request", zap.Stringer("iu", op), zap.Error(err))
+			if ok, held := c.ctrlLog.allow(); ok {
+				c.log.Warn("cannot answer target request", zap.Stringer("iu", op), zap.Error(err), zap.Int("not_logged_since", held))
+			}
 			return
 		}
 		c.ctrlBusy[i] = true
@@ -1295,7 +1328,9 @@ func (c *channel) sendCtrl(op srp.Opcode, tag srp.Tag) {
 		c.ctrlQ = append(c.ctrlQ, ctrlMsg{op, tag})
 		return
 	}
-	c.log.Warn("too many unanswered target requests; dropping one", zap.Stringer("iu", op))
+	if ok, held := c.ctrlLog.allow(); ok {
+		c.log.Warn("too many unanswered target requests; dropping one", zap.Stringer("iu", op), zap.Int("not_logged_since", held))
+	}
 }
 
 func (c *channel) sendQueuedCtrl() {

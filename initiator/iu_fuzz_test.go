@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/srpd/srpd/frpool"
 	"github.com/srpd/srpd/internal/fuzzbound"
@@ -79,9 +80,12 @@ type iuHarness struct {
 	tmRes   chan error // the result of the task management function started by startTM
 }
 
-func newIUHarness(dev transport.Device, credits int32) (*iuHarness, error) {
+func newIUHarness(dev transport.Device, credits int32, log *zap.Logger) (*iuHarness, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
 	cfg, err := Config{Device: dev, Dialer: &testDialer{}, QueueDepth: iuHarnessQD, MaxIOSize: 16 << 10,
-		MaxImmediateData: iuHarnessImm, TaskMgmtTimeout: 5 * time.Second, Logger: zap.NewNop()}.withDefaults()
+		MaxImmediateData: iuHarnessImm, TaskMgmtTimeout: 5 * time.Second, Logger: log}.withDefaults()
 	if err != nil {
 		return nil, err
 	}
@@ -444,7 +448,7 @@ func (d *harnessDevs) close() {
 }
 
 func channelIUsOne(dev transport.Device, login int32, setup uint16, script []byte) error {
-	h, err := newIUHarness(dev, login)
+	h, err := newIUHarness(dev, login, nil)
 	if err != nil {
 		return err
 	}
@@ -687,7 +691,7 @@ func TestChannelCreditBounds(t *testing.T) {
 		{"beyond and back down", 2, []int32{100, -1}, max - 1},
 	}
 	for _, c := range cases {
-		h, err := newIUHarness(dev, c.login)
+		h, err := newIUHarness(dev, c.login, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -708,5 +712,47 @@ func TestChannelCreditBounds(t *testing.T) {
 			}
 		}
 		h.close()
+	}
+}
+
+// TestHostileIULogRate: IUs a target can send as fast as it likes (responses for tags that are
+// not ours, SRP_AER_REQs, target requests beyond the answer queue) are each logged at most
+// once a second, with the count held back, but all of them are still handled and counted.
+func TestHostileIULogRate(t *testing.T) {
+	a, _ := link.NewPipe(netip.MustParseAddr("10.0.9.1"), netip.MustParseAddr("10.0.9.2"), link.PipeConfig{})
+	dev := openDev(t, a, "lograte")
+	core, logs := observer.New(zap.DebugLevel)
+	h, err := newIUHarness(dev, 8, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.close()
+	foreign := make([]byte, 64)
+	n, _ := srp.Rsp(foreign).Encode(&srp.RspFields{Tag: tagBytes(makeTag(false, 1, 7, 3))}, len(foreign))
+	foreign = foreign[:n]
+	aer := make([]byte, srp.AerReqHdrLen)
+	srp.AerReq(aer).Encode(&srp.AerReqFields{})
+	cred := make([]byte, srp.CredReqLen)
+	srp.CredReq(cred).Encode(&srp.CredReqFields{})
+	const each = 300
+	start := time.Now()
+	for range each {
+		for _, iu := range [][]byte{foreign, aer, cred} {
+			if err := h.deliver(iu); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	limit := 2 + int(time.Since(start)/logInterval)
+	for _, msg := range []string{"response with a tag that is not ours", "asynchronous event from the target",
+		"too many unanswered target requests; dropping one"} {
+		if got := logs.FilterMessage(msg).Len(); got < 1 || got > limit {
+			t.Errorf("%q logged %d times for %d IUs (want 1..%d)", msg, got, each, limit)
+		}
+	}
+	st := &h.c.s.stats
+	if st.staleRsps.Load() != each || st.aerReqs.Load() != each || st.credReqs.Load() != each {
+		t.Errorf("counted %d stale responses, %d AER_REQs, %d CRED_REQs; want %d each",
+			st.staleRsps.Load(), st.aerReqs.Load(), st.credReqs.Load(), each)
 	}
 }

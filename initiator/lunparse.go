@@ -16,9 +16,8 @@ import (
 // torvalds/linux:drivers/scsi/sd.c, read_capacity_16, sd_read_block_limits).
 
 const (
-	// maxReportLUNs bounds the REPORT LUNS list we accept (the buffer grows to this at most;
-	// ib_srp's max_lun is 0xffffffff but sd probes what the midlayer's scan sees, and a target
-	// exporting more than this many LUNs on one port is beyond any use here).
+	// maxReportLUNs bounds the REPORT LUNS list we accept (the buffer grows to 128 KiB at
+	// most, and each LUN is probed with a handful of commands).
 	maxReportLUNs = 16384
 	// maxReportLUNsTries bounds the REPORT LUNS commands of one discovery: one with the default
 	// buffer, one with the length the target announced, one more in case the list grew in

@@ -164,9 +164,36 @@ type channel struct {
 	ctrlSGE    [1]transport.SGE
 	ctrlChain  frpool.Chain
 
+	// What a target can send as fast as it likes is logged at most once per logInterval each
+	// (with the count of what was held back), so that a hostile target cannot flood the log.
+	foreignLog, aerLog, ctrlLog logLimit
+
 	kick   chan struct{}
 	stop   chan struct{}
 	exited chan struct{}
+}
+
+// logInterval is the least time between two log entries of one logLimit.
+const logInterval = time.Second
+
+// logLimit lets one log entry through per logInterval and counts those it holds back.
+type logLimit struct {
+	mu   sync.Mutex
+	next time.Time
+	held int
+}
+
+// allow reports whether an entry may be logged now and how many were held back since the last.
+func (l *logLimit) allow() (ok bool, held int) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Before(l.next) {
+		l.held++
+		return false, 0
+	}
+	held, l.held, l.next = l.held, 0, now.Add(logInterval)
+	return true, held
 }
 
 type ctrlMsg struct {
@@ -409,7 +436,7 @@ func (c *channel) activate(qp transport.QP, conn transport.CMConn, p connParams)
 		}
 	}
 	c.mu.Lock()
-	c.reqLim = p.credits
+	c.reqLim = clampCredits(int64(p.credits), c.maxReqLim())
 	c.ehReset = nil
 	c.invQ = c.invQ[:0]
 	c.tm.waiting = false
@@ -527,20 +554,7 @@ func (c *channel) startCmd(ctx context.Context, r *request, spec *cmdSpec, wait 
 		}
 	}
 	// c.mu and postMu (read) held.
-	c.reqLim--
-	r.gen++
-	r.tag = makeTag(false, r.gen, c.idx, r.idx)
-	r.state = reqInflight
-	r.out = outNone
-	r.pending = 0
-	r.ungiven = 0
-	r.nregs = 0
-	r.invQueued = false
-	r.signaled = false
-	r.imm = false
-	r.senseLen = 0
-	r.spec = *spec
-	c.inflight++
+	c.beginLocked(r, spec)
 	c.mu.Unlock()
 	select { // a token left over from an earlier use (should not happen)
 	case <-r.done:
@@ -568,6 +582,24 @@ func (c *channel) startCmd(ctx context.Context, r *request, spec *cmdSpec, wait 
 	c.inflight--
 	c.mu.Unlock()
 	return false, err
+}
+
+// beginLocked spends a credit on r and makes it the in-flight command of spec, under a new tag.
+func (c *channel) beginLocked(r *request, spec *cmdSpec) {
+	c.reqLim--
+	r.gen++
+	r.tag = makeTag(false, r.gen, c.idx, r.idx)
+	r.state = reqInflight
+	r.out = outNone
+	r.pending = 0
+	r.ungiven = 0
+	r.nregs = 0
+	r.invQueued = false
+	r.signaled = false
+	r.imm = false
+	r.senseLen = 0
+	r.spec = *spec
+	c.inflight++
 }
 
 // queueInvLocked asks the channel goroutine to give r's MR handles back (invalidating the
@@ -1115,10 +1147,12 @@ func (c *channel) handleIU(b []byte) error {
 		}
 		c.addCredits(req.ReqLimDelta())
 		c.s.stats.aerReqs.Add(1)
-		sense, _ := scsi.ParseSense(req.Sense())
-		lun := req.LUN()
-		c.log.Info("asynchronous event from the target", zap.String("lun", scsi.LUNAddress(lun).String()),
-			zap.Stringer("sense", sense))
+		if ok, held := c.aerLog.allow(); ok {
+			sense, _ := scsi.ParseSense(req.Sense())
+			lun := req.LUN()
+			c.log.Info("asynchronous event from the target", zap.String("lun", scsi.LUNAddress(lun).String()),
+				zap.Stringer("sense", sense), zap.Int("not_logged_since", held))
+		}
 		c.sendCtrl(srp.OpAerRsp, req.Tag())
 	case srp.OpTLogout:
 		lo, err := srp.ParseTLogout(b)
@@ -1135,21 +1169,33 @@ func (c *channel) handleIU(b []byte) error {
 
 func (c *channel) addCredits(d int32) {
 	c.mu.Lock()
-	c.reqLim += d
+	c.addCreditsLocked(d)
+	c.mu.Unlock()
+}
+
+// maxReqLim is the most credits the channel keeps: one per request slot and the one reserved
+// for task management. More could never be used, and a target's REQUEST LIMIT DELTA (a signed
+// 32-bit number, added as ib_srp adds it) must not overflow the count: 2^31-1 credits and one
+// more used to wrap it negative and starve the channel for good.
+func (c *channel) maxReqLim() int32 { return int32(len(c.reqs)) + 1 }
+
+// addCreditsLocked adds a REQUEST LIMIT DELTA, keeping the credits within [0, maxReqLim]:
+// below zero there is nothing to send with either way, and what the target grants beyond what
+// we can use is never needed (keeping fewer than granted never exceeds the target's limit).
+func (c *channel) addCreditsLocked(d int32) {
+	c.reqLim = clampCredits(int64(c.reqLim)+int64(d), c.maxReqLim())
 	if d > 0 {
 		c.wakeCreditLocked()
 	}
-	c.mu.Unlock()
 }
+
+func clampCredits(v int64, hi int32) int32 { return int32(min(max(v, 0), int64(hi))) }
 
 func (c *channel) handleRsp(rsp srp.Rsp) {
 	t := rsp.Tag()
 	tag := binary.BigEndian.Uint64(t[:])
 	c.mu.Lock()
-	c.reqLim += rsp.ReqLimDelta()
-	if rsp.ReqLimDelta() > 0 {
-		c.wakeCreditLocked()
-	}
+	c.addCreditsLocked(rsp.ReqLimDelta())
 	if tag&tagTM != 0 {
 		if c.tm.waiting && c.tm.tag == tag {
 			c.tm.waiting = false
@@ -1168,7 +1214,9 @@ func (c *channel) handleRsp(rsp srp.Rsp) {
 	if int(tag>>16&0xffff) != c.idx || slot >= len(c.reqs) {
 		c.mu.Unlock()
 		c.s.stats.staleRsps.Add(1)
-		c.log.Warn("response with a tag that is not ours", zap.Stringer("tag", t))
+		if ok, held := c.foreignLog.allow(); ok {
+			c.log.Warn("response with a tag that is not ours", zap.Stringer("tag", t), zap.Int("not_logged_since", held))
+		}
 		return
 	}
 	r := &c.reqs[slot]
@@ -1268,7 +1316,9 @@ func (c *channel) sendCtrl(op srp.Opcode, tag srp.Tag) {
 		c.ctrlSGE[0] = transport.SGE{Addr: c.iuMem.Addr() + uint64(off), Length: uint32(n), LKey: c.iuMR.LKey()}
 		c.ctrlWR[0] = transport.SendWR{ID: wrCtrl | uint64(i), Opcode: transport.WRSend, Flags: transport.SendSignaled, SGL: c.ctrlSGE[:]}
 		if err := c.pool.Post(&c.ctrlChain); err != nil {
-			c.log.Warn("cannot answer target request", zap.Stringer("iu", op), zap.Error(err))
+			if ok, held := c.ctrlLog.allow(); ok {
+				c.log.Warn("cannot answer target request", zap.Stringer("iu", op), zap.Error(err), zap.Int("not_logged_since", held))
+			}
 			return
 		}
 		c.ctrlBusy[i] = true
@@ -1278,7 +1328,9 @@ func (c *channel) sendCtrl(op srp.Opcode, tag srp.Tag) {
 		c.ctrlQ = append(c.ctrlQ, ctrlMsg{op, tag})
 		return
 	}
-	c.log.Warn("too many unanswered target requests; dropping one", zap.Stringer("iu", op))
+	if ok, held := c.ctrlLog.allow(); ok {
+		c.log.Warn("too many unanswered target requests; dropping one", zap.Stringer("iu", op), zap.Int("not_logged_since", held))
+	}
 }
 
 func (c *channel) sendQueuedCtrl() {

@@ -27,7 +27,9 @@
 //
 // Credits: the LOGIN_RSP's REQUEST LIMIT DELTA and every SRP_RSP's delta; a command needs more
 // than one credit (the last is reserved for task management), so submitters wait rather than
-// exceed the target's limit. SRP_CRED_REQ and SRP_AER_REQ add their deltas and are answered with
+// exceed the target's limit. The count stays within [0, queue depth + 1] (a slot each and the
+// reserved one): what a target grants beyond that is never usable, and keeping less than it
+// grants never exceeds its limit. SRP_CRED_REQ and SRP_AER_REQ add their deltas and are answered with
 // SRP_CRED_RSP / SRP_AER_RSP without using a credit. SRP_T_LOGOUT takes the channel down
 // gracefully: no new commands, those in flight get Config.TeardownTimeout to be answered, then
 // it disconnects (and reconnects after reconnect_delay). When every command of a channel is

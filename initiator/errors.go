@@ -47,6 +47,10 @@ var (
 	ErrNoLUN = errors.New("initiator: no such LUN")
 	// ErrShortTransfer: the target moved less data than a READ or WRITE asked for.
 	ErrShortTransfer = errors.New("initiator: short data transfer")
+	// ErrLUNData: a logical unit's discovery data (REPORT LUNS, INQUIRY, READ CAPACITY) is
+	// malformed or describes a unit the block API cannot use (block size zero or not a power
+	// of two in [512, 65536], a capacity beyond 2^63 bytes); Rescan skips such a unit.
+	ErrLUNData = errors.New("initiator: unusable logical unit data from the target")
 
 	// Categories of *SCSIError, for errors.Is.
 	ErrMediumError         = errors.New("scsi: medium error")

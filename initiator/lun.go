@@ -405,7 +405,7 @@ func (s *Session) Rescan(ctx context.Context) error {
 	for _, a := range addrs {
 		info, err := s.probe(ctx, a)
 		if err != nil {
-			if errors.Is(err, errNotDisk) {
+			if errors.Is(err, errNotDisk) || errors.Is(err, ErrLUNData) {
 				s.log.Info("skipping logical unit", zap.String("lun", scsi.LUNAddress(a).String()), zap.Error(err))
 				continue
 			}
@@ -452,70 +452,74 @@ func lunNumber(a srp.LUN) uint64 {
 	return binary.BigEndian.Uint64(a[:])
 }
 
+// lunCmd runs one discovery command with data-in and returns the bytes received (what
+// Session.command returns: never more than len(in)).
+type lunCmd func(cdb []byte, in []byte) (int, error)
+
 func (s *Session) reportLUNs(ctx context.Context) ([]srp.LUN, error) {
+	return reportLUNs(func(cdb, in []byte) (int, error) { return s.command(ctx, 0, srp.LUN{}, cdb, in, nil) })
+}
+
+// reportLUNs asks for the LUN list, with a larger buffer when the first does not hold it (at
+// most maxReportLUNsTries commands, up to maxReportLUNs entries).
+func reportLUNs(cmd lunCmd) ([]srp.LUN, error) {
 	size := 8 + 8*64
-	for {
+	for try := 1; ; try++ {
 		buf := make([]byte, size)
 		var cdb [12]byte
 		cdb[0] = opReportLUNs
 		binary.BigEndian.PutUint32(cdb[6:], uint32(size))
-		n, err := s.command(ctx, 0, srp.LUN{}, cdb[:], buf, nil)
+		n, err := cmd(cdb[:], buf)
 		if err != nil {
 			return nil, err
 		}
-		if n < 8 {
-			return nil, fmt.Errorf("initiator: REPORT LUNS returned %d bytes", n)
+		listLen, luns, err := parseReportLUNs(buf[:n])
+		if err != nil {
+			return nil, err
 		}
-		l := int(binary.BigEndian.Uint32(buf))
-		if 8+l > size && size < 8+8*16384 {
-			size = min(8+l, 8+8*16384)
+		if want := reportLUNsAlloc(listLen); want > size && try < maxReportLUNsTries {
+			size = want
 			continue
 		}
-		var out []srp.LUN
-		for off := 8; off+8 <= min(n, 8+l); off += 8 {
-			var a srp.LUN
-			copy(a[:], buf[off:])
-			out = append(out, a)
-		}
-		return out, nil
+		return luns, nil
 	}
 }
 
 // probe learns what a logical unit is.
 func (s *Session) probe(ctx context.Context, a srp.LUN) (*LUNInfo, error) {
 	info := &LUNInfo{Number: lunNumber(a), Address: a}
-	cmd := func(cdb []byte, in []byte) (int, error) { return s.command(ctx, info.Number, a, cdb, in, nil) }
-	inq := make([]byte, 96)
-	n, err := cmd([]byte{opInquiry, 0, 0, 0, byte(len(inq)), 0}, inq)
+	err := probeLUN(info, func(cdb, in []byte) (int, error) { return s.command(ctx, info.Number, a, cdb, in, nil) })
 	if err != nil {
 		return nil, err
 	}
-	if n < 36 {
-		return nil, fmt.Errorf("initiator: LUN %d: INQUIRY returned %d bytes", info.Number, n)
+	return info, nil
+}
+
+// probeLUN fills info (Number and Address set) from INQUIRY (standard, VPD 0x00, 0x80, 0x83,
+// 0xB0, 0xB2), READ CAPACITY(16) or (10) and MODE SENSE(10). A LUN that is not a direct-access
+// block device fails with errNotDisk, one whose data is malformed or unusable with ErrLUNData.
+func probeLUN(info *LUNInfo, cmd lunCmd) error {
+	inq := make([]byte, 96)
+	n, err := cmd([]byte{opInquiry, 0, 0, 0, byte(len(inq)), 0}, inq)
+	if err != nil {
+		return err
 	}
-	if q, t := inq[0]>>5, inq[0]&0x1f; q != 0 || t != 0 {
-		return nil, fmt.Errorf("LUN %d: peripheral qualifier %d, device type %#x: %w", info.Number, q, t, errNotDisk)
+	if err := parseStdInquiry(inq[:n], info); err != nil {
+		return err
 	}
-	trim := func(b []byte) string { return string(bytes.TrimRight(b, " \x00")) }
-	info.Vendor, info.Product, info.Revision = trim(inq[8:16]), trim(inq[16:32]), trim(inq[32:36])
 
 	vpd := func(page byte, size int) []byte {
 		b := make([]byte, size)
 		n, err := cmd([]byte{opInquiry, 1, page, byte(size >> 8), byte(size), 0}, b)
-		if err != nil || n < 4 || b[1] != page {
+		if err != nil {
 			return nil
 		}
-		return b[:min(n, 4+int(binary.BigEndian.Uint16(b[2:])))]
+		return vpdPayload(page, b[:n])
 	}
-	supported := map[byte]bool{}
-	if p := vpd(0x00, 255); p != nil {
-		for _, c := range p[4:] {
-			supported[c] = true
-		}
-	}
+	supported := parseSupportedVPD(vpd(0x00, 255))
 	if supported[0x80] {
 		if p := vpd(0x80, 255); p != nil {
-			info.Serial = trim(p[4:])
+			info.Serial = trimASCII(p[4:])
 		}
 	}
 	if supported[0x83] {
@@ -527,46 +531,31 @@ func (s *Session) probe(ctx context.Context, a srp.LUN) (*LUNInfo, error) {
 	// Capacity: READ CAPACITY(16), or (10) if the LUN does not know it.
 	rc := make([]byte, 32)
 	cdb := []byte{opServiceIn16, saReadCapacity16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0}
-	if n, err := cmd(cdb, rc); err == nil && n >= 14 {
-		info.Blocks = binary.BigEndian.Uint64(rc) + 1
-		info.BlockSize = int(binary.BigEndian.Uint32(rc[8:]))
-		info.PhysBlockExp = rc[13] & 0x0f
-		info.Provisioning = rc[14]&0x80 != 0
-		info.ZeroesAfterUnmap = rc[14]&0x40 != 0
-	} else {
-		if err != nil && !errors.Is(err, ErrIllegalRequest) {
-			return nil, err
+	n, err = cmd(cdb, rc)
+	ok := false
+	if err == nil {
+		if ok, err = parseReadCap16(rc[:n], info); err != nil {
+			return err
 		}
-		rc10 := make([]byte, 8)
-		if _, err := cmd([]byte{opReadCapacity10, 0, 0, 0, 0, 0, 0, 0, 0, 0}, rc10); err != nil {
-			return nil, err
-		}
-		info.Blocks = uint64(binary.BigEndian.Uint32(rc10)) + 1
-		info.BlockSize = int(binary.BigEndian.Uint32(rc10[4:]))
+	} else if !errors.Is(err, ErrIllegalRequest) {
+		return err
 	}
-	if info.BlockSize < 512 || info.BlockSize > 65536 || info.BlockSize&(info.BlockSize-1) != 0 {
-		return nil, fmt.Errorf("LUN %d: block size %d: %w", info.Number, info.BlockSize, errNotDisk)
+	if !ok {
+		rc10 := make([]byte, 8)
+		n, err := cmd([]byte{opReadCapacity10, 0, 0, 0, 0, 0, 0, 0, 0, 0}, rc10)
+		if err != nil {
+			return err
+		}
+		if err := parseReadCap10(rc10[:n], info); err != nil {
+			return err
+		}
 	}
 
 	if supported[0xb0] {
-		if p := vpd(0xb0, 64); len(p) >= 16 {
-			info.MaxTransfer = binary.BigEndian.Uint32(p[8:])
-			info.OptimalTransfer = binary.BigEndian.Uint32(p[12:])
-			if len(p) >= 28 {
-				info.MaxUnmapLBAs = binary.BigEndian.Uint32(p[20:])
-				info.MaxUnmapDescs = binary.BigEndian.Uint32(p[24:])
-			}
-			if len(p) >= 44 {
-				info.MaxWriteSame = binary.BigEndian.Uint64(p[36:])
-			}
-		}
+		parseBlockLimits(vpd(0xb0, 64), info)
 	}
 	if info.Provisioning && supported[0xb2] {
-		if p := vpd(0xb2, 64); len(p) >= 6 {
-			info.UnmapSupported = p[5]&0x80 != 0
-			info.WriteSameUnmap = p[5]&0x40 != 0
-			info.ZeroesAfterUnmap = info.ZeroesAfterUnmap || p[5]&0x04 != 0
-		}
+		parseLBP(vpd(0xb2, 64), info)
 	}
 	if info.UnmapSupported && info.MaxUnmapDescs == 0 {
 		info.UnmapSupported = false // SBC: a zero count means UNMAP is not supported
@@ -574,12 +563,12 @@ func (s *Session) probe(ctx context.Context, a srp.LUN) (*LUNInfo, error) {
 
 	// Write protection: the WP bit of the mode parameter header (MODE SENSE(10), caching page).
 	ms := make([]byte, 64)
-	if n, err := cmd([]byte{opModeSense10, 0x08, 0x08, 0, 0, 0, 0, 0, byte(len(ms)), 0}, ms); err == nil && n >= 4 {
-		info.ReadOnly = ms[3]&0x80 != 0
-	} else if err != nil && !errors.Is(err, ErrIllegalRequest) {
-		return nil, err
+	if n, err := cmd([]byte{opModeSense10, 0x08, 0x08, 0, 0, 0, 0, 0, byte(len(ms)), 0}, ms); err == nil {
+		info.ReadOnly, _ = parseModeSenseWP(ms[:n])
+	} else if !errors.Is(err, ErrIllegalRequest) {
+		return err
 	}
-	return info, nil
+	return nil
 }
 
 // pickDesignator chooses the logical unit's designator from a VPD 0x83 descriptor list: NAA,

@@ -1043,11 +1043,7 @@ func (s *Session) await(ctx context.Context, j *job, ck *chunk) (again bool, err
 				copy(j.buf[ck.off:ck.off+n], r.data[:n])
 			}
 		} else if j.spec.dir == dirIn {
-			got := j.spec.n
-			if flags&srp.DIUnder != 0 {
-				got -= int(diResid)
-			}
-			got = max(0, min(got, j.spec.n))
+			got := dataInLen(j.spec.n, flags, diResid)
 			copy(j.spec.buf[:got], r.data[:got])
 			j.xfer = got
 		}
@@ -1085,6 +1081,19 @@ func (s *Session) await(ctx context.Context, j *job, ck *chunk) (again bool, err
 		return false, nil
 	}
 	return s.classify(j, ck, status, sense, lba)
+}
+
+// dataInLen is how much of n bytes of data-in a GOOD response says arrived: n less an underflow
+// residual, never below 0 nor above n whatever the residual (an overflow residual moves
+// nothing beyond the buffer).
+func dataInLen(n int, flags srp.RspFlags, diResid uint32) int {
+	if flags&srp.DIUnder == 0 {
+		return n
+	}
+	if uint64(diResid) >= uint64(n) {
+		return 0
+	}
+	return n - int(diResid)
 }
 
 // shortTransfer reports whether a GOOD response to a READ(16)/WRITE(16) moved less than asked

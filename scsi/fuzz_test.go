@@ -3,7 +3,10 @@ package scsi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
+
+	"github.com/srpd/srpd/internal/fuzzbound"
 )
 
 // fuzzSeeds holds one CDB per supported command (and a few variants), with fitting data-out.
@@ -78,109 +81,119 @@ func FuzzExecute(f *testing.F) {
 		f.Add(s[0], s[1], uint16(4096), uint8(0))
 	}
 	f.Fuzz(func(t *testing.T, cdb, out []byte, inLen uint16, opts uint8) {
-		cfg := testConfig()
-		if opts&1 != 0 {
-			cfg.BlockSize = 4096
-		}
-		cfg.ReadOnly = opts&2 != 0
-		bs := int64(cfg.BlockSize)
-		if bs == 0 {
-			bs = 512
-		}
-		m := newMemBackend(64 * bs)
-		if opts&4 != 0 {
-			m.readErrAt.Store(3 * bs)
-			m.writeErrAt.Store(5 * bs)
-		}
-		m.flushErr.Store(opts&8 != 0)
-		l, err := NewLUN(cfg, m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		clearUA(t, l, nexA)
-		if opts&16 != 0 {
-			mustGoodF(t, l, cdbModeSelect10(20), modeSelectControl10(true))
-		}
-		info, perr := l.ParseCDB(cdb)
-		if perr == nil && info.Dir == DirOut && uint64(info.Length) > uint64(l.MaxDataOutBytes()) {
-			t.Fatalf("data-out length %d beyond MaxDataOutBytes %d", info.Length, l.MaxDataOutBytes())
-		}
-		cmd := &Command{
-			CDB:     cdb,
-			Nexus:   nexA,
-			Attr:    TaskAttr(opts >> 5 & 3),
-			DataOut: out,
-			DataIn:  make([]byte, int(inLen)),
-			Sense:   make([]byte, MaxSenseLen),
-		}
-		r := l.Execute(context.Background(), cmd)
-		switch r.Status {
-		case StatusGood, StatusCheckCondition, StatusReservationConflict:
-		default:
-			t.Fatalf("status %v", r.Status)
-		}
-		if r.DataInLen < 0 || r.DataInLen > len(cmd.DataIn) {
-			t.Fatalf("data-in length %d of %d", r.DataInLen, len(cmd.DataIn))
-		}
-		if perr == nil && info.Dir != DirIn && r.DataInLen != 0 || perr == nil && uint64(r.DataInLen) > uint64(info.Length) {
-			t.Fatalf("data-in %d for %+v", r.DataInLen, info)
-		}
-		if r.Status != StatusCheckCondition {
-			if r.SenseLen != 0 {
-				t.Fatal("sense without CHECK CONDITION")
+		fuzzbound.Run(t, func() {
+			if err := executeOne(cdb, out, inLen, opts); err != nil {
+				t.Error(err)
 			}
-			if perr != nil {
-				t.Fatalf("ParseCDB rejected (%v) what Execute accepted", perr)
-			}
-			return
-		}
-		checkWellFormedSense(t, cmd.Sense[:r.SenseLen], opts&16 != 0)
-		s, err := ParseSense(cmd.Sense[:r.SenseLen])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s.Key != r.Sense.Key || s.ASC != r.Sense.ASC || s.ASCQ != r.Sense.ASCQ || s.Field != r.Sense.Field {
-			t.Fatalf("encoded %v, reported %v", s, r.Sense)
-		}
-		if s.Key == NoSense {
-			t.Fatal("CHECK CONDITION with NO SENSE")
-		}
-		var ps Sense
-		if cmd.Attr == TaskSimple && errors.As(perr, &ps) && ps != r.Sense {
-			t.Fatalf("ParseCDB said %v, Execute %v", ps, r.Sense)
-		}
+		})
 	})
 }
 
-func mustGoodF(t *testing.T, l *LUN, cdb, out []byte) {
-	t.Helper()
-	if r, _ := do(l, nexA, cdb, out, 0); r.Status != StatusGood {
-		t.Fatal(r.Sense)
+// executeOne is one FuzzExecute input; it returns the first broken invariant (it runs on
+// fuzzbound's goroutine, where t.Fatal must not be called).
+func executeOne(cdb, out []byte, inLen uint16, opts uint8) error {
+	cfg := testConfig()
+	if opts&1 != 0 {
+		cfg.BlockSize = 4096
 	}
+	cfg.ReadOnly = opts&2 != 0
+	bs := int64(cfg.BlockSize)
+	if bs == 0 {
+		bs = 512
+	}
+	m := newMemBackend(64 * bs)
+	if opts&4 != 0 {
+		m.readErrAt.Store(3 * bs)
+		m.writeErrAt.Store(5 * bs)
+	}
+	m.flushErr.Store(opts&8 != 0)
+	l, err := NewLUN(cfg, m)
+	if err != nil {
+		return err
+	}
+	if err := clearUAErr(l, nexA); err != nil {
+		return err
+	}
+	if opts&16 != 0 {
+		if r, _ := do(l, nexA, cdbModeSelect10(20), modeSelectControl10(true), 0); r.Status != StatusGood {
+			return fmt.Errorf("MODE SELECT(10) D_SENSE: %v", r.Sense)
+		}
+	}
+	info, perr := l.ParseCDB(cdb)
+	if perr == nil && info.Dir == DirOut && uint64(info.Length) > uint64(l.MaxDataOutBytes()) {
+		return fmt.Errorf("data-out length %d beyond MaxDataOutBytes %d", info.Length, l.MaxDataOutBytes())
+	}
+	cmd := &Command{
+		CDB:     cdb,
+		Nexus:   nexA,
+		Attr:    TaskAttr(opts >> 5 & 3),
+		DataOut: out,
+		DataIn:  make([]byte, int(inLen)),
+		Sense:   make([]byte, MaxSenseLen),
+	}
+	r := l.Execute(context.Background(), cmd)
+	switch r.Status {
+	case StatusGood, StatusCheckCondition, StatusReservationConflict:
+	default:
+		return fmt.Errorf("status %v", r.Status)
+	}
+	if r.DataInLen < 0 || r.DataInLen > len(cmd.DataIn) {
+		return fmt.Errorf("data-in length %d of %d", r.DataInLen, len(cmd.DataIn))
+	}
+	if perr == nil && info.Dir != DirIn && r.DataInLen != 0 || perr == nil && uint64(r.DataInLen) > uint64(info.Length) {
+		return fmt.Errorf("data-in %d for %+v", r.DataInLen, info)
+	}
+	if r.Status != StatusCheckCondition {
+		if r.SenseLen != 0 {
+			return errors.New("sense without CHECK CONDITION")
+		}
+		if perr != nil {
+			return fmt.Errorf("ParseCDB rejected (%v) what Execute accepted", perr)
+		}
+		return nil
+	}
+	if err := wellFormedSense(cmd.Sense[:r.SenseLen], opts&16 != 0); err != nil {
+		return err
+	}
+	s, err := ParseSense(cmd.Sense[:r.SenseLen])
+	if err != nil {
+		return err
+	}
+	if s.Key != r.Sense.Key || s.ASC != r.Sense.ASC || s.ASCQ != r.Sense.ASCQ || s.Field != r.Sense.Field {
+		return fmt.Errorf("encoded %v, reported %v", s, r.Sense)
+	}
+	if s.Key == NoSense {
+		return errors.New("CHECK CONDITION with NO SENSE")
+	}
+	var ps Sense
+	if cmd.Attr == TaskSimple && errors.As(perr, &ps) && ps != r.Sense {
+		return fmt.Errorf("ParseCDB said %v, Execute %v", ps, r.Sense)
+	}
+	return nil
 }
 
-// checkWellFormedSense: response code 0x70/0x72 as D_SENSE says, valid key, additional
-// length consistent with the length, descriptors that tile the descriptor area exactly.
-func checkWellFormedSense(t *testing.T, b []byte, desc bool) {
-	t.Helper()
+// wellFormedSense: response code 0x70/0x72 as D_SENSE says, valid key, additional length
+// consistent with the length, descriptors that tile the descriptor area exactly.
+func wellFormedSense(b []byte, desc bool) error {
 	if len(b) < 8 {
-		t.Fatalf("sense % x too short", b)
+		return fmt.Errorf("sense % x too short", b)
 	}
 	switch b[0] & 0x7F {
 	case SenseFixedCurrent:
 		if desc || len(b) != 18 || int(b[7]) != len(b)-8 || b[2]&0xF0 != 0 {
-			t.Fatalf("fixed sense % x", b)
+			return fmt.Errorf("fixed sense % x", b)
 		}
 	case SenseDescriptorCurrent:
 		if !desc || int(b[7]) != len(b)-8 || b[1]&0xF0 != 0 || b[0]&0x80 != 0 {
-			t.Fatalf("descriptor sense % x", b)
+			return fmt.Errorf("descriptor sense % x", b)
 		}
 		for p := 8; p < len(b); p += 2 + int(b[p+1]) {
 			if p+2 > len(b) || p+2+int(b[p+1]) > len(b) {
-				t.Fatalf("descriptors % x", b)
+				return fmt.Errorf("descriptors % x", b)
 			}
 		}
 	default:
-		t.Fatalf("response code % x", b)
+		return fmt.Errorf("response code % x", b)
 	}
+	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"testing"
 )
 
@@ -48,16 +50,23 @@ func newTestLUN(t testing.TB, cfg LUNConfig) (*LUN, *memBackend) {
 // clearUA consumes pending unit attentions of n until TEST UNIT READY is GOOD.
 func clearUA(t testing.TB, l *LUN, n Nexus) {
 	t.Helper()
+	if err := clearUAErr(l, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// clearUAErr is clearUA for callers that must not stop the test's goroutine (fuzzbound.Run).
+func clearUAErr(l *LUN, n Nexus) error {
 	for range uaQueueLen + 2 {
 		r, _ := do(l, n, cdbTUR(), nil, 0)
 		if r.Status == StatusGood {
-			return
+			return nil
 		}
 		if r.Status != StatusCheckCondition || r.Sense.Key != UnitAttention {
-			t.Fatalf("clearUA: %v %v", r.Status, r.Sense)
+			return fmt.Errorf("clearUA: %v %v", r.Status, r.Sense)
 		}
 	}
-	t.Fatal("clearUA: unit attention does not clear")
+	return errors.New("clearUA: unit attention does not clear")
 }
 
 // do executes one SIMPLE command and returns the result and data-in.

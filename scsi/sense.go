@@ -266,13 +266,17 @@ func ParseSense(b []byte) (Sense, error) {
 		s.Key = SenseKey(b[1] & 0x0F)
 		s.ASC, s.ASCQ = b[2], b[3]
 		end := min(len(b), 8+int(b[7]))
+		truncated := end < 8+int(b[7])
 		for p := 8; p < end; {
 			if end-p < 2 {
+				if truncated {
+					return s, nil // cut inside a descriptor header: as cut inside its body
+				}
 				return s, ErrSenseDescriptors
 			}
 			typ, l := b[p], int(b[p+1])
 			if p+2+l > end {
-				if end < 8+int(b[7]) {
+				if truncated {
 					return s, nil // truncated by the transfer: keep what we have
 				}
 				return s, ErrSenseDescriptors

@@ -135,6 +135,7 @@ func (c *cq) Close() error {
 		return transport.ErrClosed
 	}
 	c.closed = true
+	c.dev.ncq-- // the slot is free again: a device lives through any number of CQs, MaxCQ at once
 	select {
 	case c.notify <- struct{}{}:
 	default:

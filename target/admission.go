@@ -112,6 +112,11 @@ type pendingLogin struct {
 	start   time.Time
 	cancel  context.CancelFunc
 	evicted bool
+	// Memory: what its channel reserved (set by the login); whether an eviction handed that
+	// to another login; and what evictions handed to this one, not yet used.
+	mem       int64
+	handedOff bool
+	credit    int64
 }
 
 // NewBudget returns a budget with cfg's bounds.
@@ -175,10 +180,15 @@ func (b *Budget) putSession(ini srp.PortID) {
 	}
 }
 
-// takeMemory reserves n bytes of registered memory.
-func (b *Budget) takeMemory(n int64) bool {
+// takeMemory reserves n bytes of registered memory for a login (pending login p, or nil):
+// first from what evictions handed over to p, then from the bound.
+func (b *Budget) takeMemory(n int64, p *pendingLogin) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if p != nil && p.credit >= n {
+		p.credit -= n // already counted in b.memory
+		return true
+	}
 	if b.cfg.MaxMemory > 0 && b.memory+n > b.cfg.MaxMemory {
 		return false
 	}
@@ -186,10 +196,92 @@ func (b *Budget) takeMemory(n int64) bool {
 	return true
 }
 
-func (b *Budget) putMemory(n int64) {
+// putMemory gives back n bytes reserved for the channel of pending login p (nil: a login
+// without one, or nothing to hand over). If an eviction handed p's memory over to another
+// login already, the budget keeps counting it: the evictor holds it now.
+func (b *Budget) putMemory(n int64, p *pendingLogin) {
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p != nil {
+		handed := p.handedOff
+		p.mem, p.handedOff = 0, false
+		if handed {
+			return
+		}
+	}
 	b.memory -= n
+}
+
+// setPendingMemory records the memory a pending login's channel reserved.
+func (b *Budget) setPendingMemory(p *pendingLogin, n int64) {
+	b.mu.Lock()
+	p.mem = n
 	b.mu.Unlock()
+}
+
+// othersPending reports whether pending logins other than p exist (one may be reserving
+// memory right now and become evictable in a moment).
+func (b *Budget) othersPending(p *pendingLogin) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := b.pending
+	if s := b.sources[p.src]; s != nil {
+		for _, q := range s.pending {
+			if q == p {
+				n--
+				break
+			}
+		}
+	}
+	return n > 0
+}
+
+// settle ends p's evictability once its connection is up: false if an eviction has handed
+// its memory to another login meanwhile (the caller then drops the connection).
+func (b *Budget) settle(p *pendingLogin) bool {
+	if p == nil {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p.handedOff {
+		return false
+	}
+	p.mem = 0
+	return true
+}
+
+// evictForMemory makes room for pending login to (which needs n bytes of registered memory)
+// when half-open logins hold the budget — a burst of forged requests reserves a channel each.
+// It evicts pending logins holding memory, the oldest of the busiest source first, and hands
+// their reservations to to at once, so that no other request can take the memory in
+// between; it reports whether to got enough.
+func (b *Budget) evictForMemory(n int64, to *pendingLogin) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for to.credit < n {
+		// The busiest source's oldest pending login holding memory; among equally busy
+		// sources the oldest (a real login settles within a round trip: it is the newest).
+		var victim *pendingLogin
+		best := 0
+		for _, s := range b.sources {
+			for _, p := range s.pending {
+				if p != to && p.mem > 0 && !p.evicted {
+					if len(s.pending) > best || (len(s.pending) == best && p.start.Before(victim.start)) {
+						victim, best = p, len(s.pending)
+					}
+					break // the source's oldest holding memory
+				}
+			}
+		}
+		if victim == nil {
+			break
+		}
+		to.credit += victim.mem
+		victim.mem, victim.handedOff = 0, true
+		b.evictLocked(victim)
+	}
+	return to.credit >= n
 }
 
 // admitRequest decides whether a connection request from src may start a login: it takes a
@@ -197,6 +289,12 @@ func (b *Budget) putMemory(n int64) {
 // source, or of the busiest source, when the bounds are reached). The returned context
 // bounds the wait for the RTU; done must be called once the login has its RTU or failed.
 func (b *Budget) admitRequest(ctx context.Context, src netip.Addr) (actx context.Context, done func(), ok bool) {
+	_, actx, done, ok = b.admit(ctx, src)
+	return actx, done, ok
+}
+
+// admit is admitRequest that also returns the pending login (for its memory accounting).
+func (b *Budget) admit(ctx context.Context, src netip.Addr) (_ *pendingLogin, actx context.Context, done func(), ok bool) {
 	now := b.now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -213,7 +311,7 @@ func (b *Budget) admitRequest(ctx context.Context, src netip.Addr) (actx context
 		s.last = now
 		if s.tokens < 1 {
 			b.stats.rateLimited++
-			return nil, nil, false
+			return nil, nil, nil, false
 		}
 		s.tokens--
 	}
@@ -240,7 +338,7 @@ func (b *Budget) admitRequest(ctx context.Context, src netip.Addr) (actx context
 	p := &pendingLogin{src: src, start: now, cancel: cancel}
 	s.pending = append(s.pending, p)
 	b.pending++
-	return actx, func() { b.finish(p, actx) }, true
+	return p, actx, func() { b.finish(p, actx) }, true
 }
 
 // evictLocked ends a pending login early: its accept context is cancelled, and it leaves the
@@ -281,6 +379,8 @@ func (b *Budget) removeLocked(p *pendingLogin) {
 func (b *Budget) finish(p *pendingLogin, actx context.Context) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.memory -= p.credit // handed over, not used
+	p.credit = 0
 	if !p.evicted {
 		if actx.Err() == context.DeadlineExceeded {
 			b.stats.timedOut++
@@ -316,24 +416,25 @@ func (b *Budget) forgetIdleLocked(now time.Time) {
 // admitLocked reserves what a login needs: the registered memory of its channel and, when it
 // opens a session, a session slot; bounded by the target's Limits and the shared Budget. It
 // records the reservation in d. t.mu held.
-func (t *Target) admitLocked(dev transport.Device, req *srp.LoginReq, d *LoginDecision, newSession bool) RejectCause {
+func (t *Target) admitLocked(dev transport.Device, req *srp.LoginReq, d *LoginDecision, newSession bool, pl *pendingLogin) RejectCause {
 	l, err := t.layout(dev.Attr(), d, dev.Name())
 	if err != nil {
 		return CauseNone // newChannel fails the same way and says why
 	}
 	n := int64(l.total)
+	d.memNeed = n
 	if t.lim.MaxMemory > 0 && t.memUsed+n > t.lim.MaxMemory {
 		return CauseMemoryBudget
 	}
 	if newSession && t.lim.MaxSessions > 0 && t.nSess >= t.lim.MaxSessions {
 		return CauseSessionLimit
 	}
-	if !t.budget.takeMemory(n) {
+	if !t.budget.takeMemory(n, pl) {
 		return CauseMemoryBudget
 	}
 	if newSession {
 		if c := t.budget.takeSession(req.InitiatorPortID); c != CauseNone {
-			t.budget.putMemory(n)
+			t.budget.putMemory(n, nil)
 			return c
 		}
 		t.nSess++
@@ -343,15 +444,16 @@ func (t *Target) admitLocked(dev transport.Device, req *srp.LoginReq, d *LoginDe
 	return CauseNone
 }
 
-// putMemory gives back a channel's memory reservation.
-func (t *Target) putMemory(n int64) {
+// putMemory gives back a channel's memory reservation (p: the pending login it was made
+// for, or nil).
+func (t *Target) putMemory(n int64, p *pendingLogin) {
 	if n == 0 {
 		return
 	}
 	t.mu.Lock()
 	t.memUsed -= n
 	t.mu.Unlock()
-	t.budget.putMemory(n)
+	t.budget.putMemory(n, p)
 }
 
 // rejectLogInterval is how often one source's rejections of one cause are logged.

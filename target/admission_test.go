@@ -333,3 +333,54 @@ func TestAdmitRequest(t *testing.T) {
 		t.Fatalf("pending after every done: %+v", u)
 	}
 }
+
+// TestForgedLoginsDoNotHoldMemory: half-open logins that fill the registered-memory budget
+// (each forged request reserves a channel) are evicted to make room for a login that needs
+// the memory, so it succeeds within 2 s instead of being rejected "insufficient resources"
+// (found by test/hostile's REQ flood against srpd with the default budget).
+func TestForgedLoginsDoNotHoldMemory(t *testing.T) {
+	e := newEnv(t, envOpts{limits: Limits{QueueDepth: 4, MaxTransfer: 64 << 10}, defACL: anyACL})
+	probe, d, _ := e.tgt.Login(e.tdev, loginAs(9999), ConnInfo{})
+	if !d.Accepted {
+		t.Fatal(d.Cause)
+	}
+	per := e.tgt.budget.Usage().Memory
+	probe.Abort()
+	e.tgt.budget = NewBudget(BudgetConfig{MaxMemory: 3 * per})
+	ln := &fakeListener{reqs: make(chan transport.ConnRequest, 64)}
+	go func() { _ = e.tgt.Serve(e.ctx, ln, e.tdev) }()
+	var forged []*forgedReq
+	for i := 0; i < 12; i++ {
+		r := &forgedReq{pd: loginPD(loginAs(uint64(100 + i))), gaveUp: make(chan struct{}),
+			info: transport.ConnRequestInfo{RemoteAddr: netip.MustParseAddrPort(fmt.Sprintf("127.0.3.%d:4791", 1+i%3)), InitiatorDepth: 4}}
+		forged = append(forged, r)
+		ln.reqs <- r
+	}
+	waitFor(t, func() bool { return e.tgt.budget.Usage().Memory == 3*per })
+	for i := 0; i < 3; i++ {
+		in, o, took := e.serveLoginFrom(ln, loginAs(uint64(1+i)), "127.0.0.2:40000")
+		if !o.accepted || took > 2*time.Second {
+			b := e.tgt.budget
+			b.mu.Lock()
+			for a, s := range b.sources {
+				for _, p := range s.pending {
+					t.Logf("pending %v mem %d evicted %v", a, p.mem, p.evicted)
+				}
+			}
+			b.mu.Unlock()
+			t.Fatalf("login %d with the budget held by half-open logins: accepted %v after %v; budget %+v, %d channels, rejects %v", i, o.accepted, took, b.Usage(), e.tgt.Stats().Channels, e.tgt.Stats().Rejects)
+		}
+		in.clearUA(0)
+	}
+	// Three established sessions now hold the whole budget: nothing evictable is left.
+	_, o, _ := e.serveLoginFrom(ln, loginAs(50), "127.0.0.2:40000")
+	if o.accepted {
+		t.Fatal("a login beyond a budget held by established sessions was accepted")
+	}
+	if lr, err := srp.ParseLoginRej(o.priv); err != nil || lr.Reason() != srp.RejInsufficientResources {
+		t.Fatalf("REJ %x: %v", o.priv, err)
+	}
+	if s := e.tgt.Stats(); s.Rejects[CauseMemoryBudget] == 0 {
+		t.Fatal("memory rejections not counted")
+	}
+}

@@ -149,7 +149,8 @@ type channel struct {
 	done   chan struct{}
 	reaped chan struct{} // closed once the memory is released
 
-	memRes int64 // registered memory reserved at admission (given back by releaseMemory)
+	memRes int64         // registered memory reserved at admission (given back by releaseMemory)
+	pend   *pendingLogin // the pending login it was created for (Serve), or nil
 
 	// Liveness and stall detection (loop-owned; see maintain).
 	activity   uint64 // completions handled
@@ -1071,7 +1072,7 @@ func (ch *channel) releaseMemory(errs []error) {
 	if err := ch.pd.Close(); err != nil && !errors.Is(err, transport.ErrClosed) {
 		errs = append(errs, fmt.Errorf("PD: %w", err))
 	}
-	ch.t.putMemory(ch.memRes)
+	ch.t.putMemory(ch.memRes, ch.pend)
 	ch.memRes = 0
 	if err := errors.Join(errs...); err != nil {
 		ch.log.Error("releasing channel resources", zap.Error(err))

@@ -79,8 +79,9 @@ type LoginDecision struct {
 	Rej      srp.LoginRejFields
 	// Cause is the reason of a rejection (CauseNone when accepted).
 	Cause RejectCause
-	// memory is the registered memory reserved for the channel by admission.
-	memory int64
+	// memory is the registered memory reserved for the channel by admission; memNeed what it
+	// asked for (also when the budget refused it).
+	memory, memNeed int64
 	// ACL is the name of the ACL (view) that admitted the initiator.
 	ACL string
 	// Terminate is the number of existing channels of the nexus a SINGLE login terminates.

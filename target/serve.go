@@ -73,14 +73,17 @@ func (t *Target) Serve(ctx context.Context, ln transport.Listener, dev transport
 			return err
 		}
 		src := req.Info().RemoteAddr.Addr()
-		actx, done, ok := t.budget.admitRequest(ctx, src)
+		p, actx, done, ok := t.budget.admit(ctx, src)
 		if !ok {
 			t.rejectRequest(req, CauseLoginRate)
 			continue
 		}
-		q.push(&queuedLogin{src: src, cr: req, ctx: actx, done: done})
+		q.push(&queuedLogin{src: src, cr: req, ctx: actx, done: done, p: p})
 	}
 }
+
+// errEvicted: a pending login gave its place and memory to a newer request.
+var errEvicted = errors.New("target: pending login evicted for a newer request")
 
 // loginWorkers is the number of logins Serve decides at once (creating a channel's resources
 // is CPU work: about a millisecond each).
@@ -92,6 +95,7 @@ type queuedLogin struct {
 	cr   transport.ConnRequest
 	ctx  context.Context // bounds the login; cancelled when the budget evicts it
 	done func()          // gives the pending slot back
+	p    *pendingLogin
 }
 
 // loginQueue hands admitted connection requests to the login workers fairly: round robin
@@ -220,7 +224,7 @@ func (t *Target) handleConnRequest(l *queuedLogin, dev transport.Device) {
 		l.done()
 		return
 	}
-	pc, d, _ := t.Login(dev, req, info)
+	pc, d, _ := t.login(dev, req, info, l.p)
 	if !d.Accepted {
 		_, _ = srp.LoginRej(rej[:]).Encode(&d.Rej)
 		if err := cr.Reject(rej[:], transport.RejectConsumerDefined); err != nil {
@@ -241,15 +245,20 @@ func (t *Target) handleConnRequest(l *queuedLogin, dev transport.Device) {
 	go func() {
 		defer t.serving.Done()
 		defer l.done()
-		t.connect(ctx, cr, pc, param, req.InitiatorPortID)
+		t.connect(ctx, cr, pc, param, req.InitiatorPortID, l.p)
 	}()
 }
 
 // connect sends the REP and waits for the RTU (bounded by ctx: the budget's login timeout, or
 // an eviction), then starts the channel.
-func (t *Target) connect(ctx context.Context, cr transport.ConnRequest, pc *PendingChannel, param transport.ConnParam, ini srp.PortID) {
+func (t *Target) connect(ctx context.Context, cr transport.ConnRequest, pc *PendingChannel, param transport.ConnParam, ini srp.PortID, p *pendingLogin) {
 	ri := cr.Info()
 	conn, err := cr.Accept(ctx, pc.QP(), pc.LoginRsp(), param)
+	if err == nil && !t.budget.settle(p) {
+		// Evicted in the instant the RTU came: its memory went to another login.
+		_ = conn.Disconnect(nil)
+		err = errEvicted
+	}
 	if err != nil {
 		t.stats.loginsUnfinished.Add(1)
 		if ok, n := t.acceptLog.allow(ri.RemoteAddr.Addr(), CauseNone, time.Now()); ok {

@@ -246,12 +246,50 @@ func (p *PendingChannel) abort() {
 // with "insufficient resources" (0x00010001), and err tells why. A SINGLE login terminates the
 // nexus' existing channels (SRP_T_LOGOUT "multi-channel action", then disconnect).
 func (t *Target) Login(dev transport.Device, req srp.LoginReq, info ConnInfo) (*PendingChannel, LoginDecision, error) {
+	return t.login(dev, req, info, nil)
+}
+
+// login is Login for a connection request that Serve admitted as pending login p. When the
+// budget's registered memory is what stops it and half-open logins hold memory, it evicts
+// enough of them (the oldest of the busiest source first), takes their reservations over and
+// tries once more: reservations of forged requests must not keep a real login out. (A
+// target's own max_registered_memory is not taken over: it counts until the evicted
+// channels are gone.)
+func (t *Target) login(dev transport.Device, req srp.LoginReq, info ConnInfo, p *pendingLogin) (*PendingChannel, LoginDecision, error) {
+	retry := p != nil
+	pc, d, err := t.login1(dev, req, info, p, !retry)
+	if !retry {
+		return pc, d, err
+	}
+	deadline := time.Now().Add(memoryRetry)
+	for d.Cause == CauseMemoryBudget && time.Now().Before(deadline) {
+		if !t.budget.evictForMemory(d.memNeed, p) {
+			if !t.budget.othersPending(p) {
+				break // established channels hold the memory: a real rejection
+			}
+			time.Sleep(5 * time.Millisecond) // another login is reserving right now
+		}
+		pc, d, err = t.login1(dev, req, info, p, false)
+	}
+	if !d.Accepted {
+		t.loginRejected(&req, info, &d, err)
+	}
+	return pc, d, err
+}
+
+// login1 is one login attempt; report: count and log a rejection.
+// memoryRetry bounds how long a login keeps evicting half-open logins to get memory.
+const memoryRetry = time.Second
+
+func (t *Target) login1(dev transport.Device, req srp.LoginReq, info ConnInfo, pl *pendingLogin, report bool) (*PendingChannel, LoginDecision, error) {
 	t.mu.Lock()
 	p := t.policyLocked()
 	d := decideLogin(&p, &req, info, t.existingLocked(req.InitiatorPortID))
 	if !d.Accepted {
 		t.mu.Unlock()
-		t.loginRejected(&req, info, &d, nil)
+		if report {
+			t.loginRejected(&req, info, &d, nil)
+		}
 		return nil, d, nil
 	}
 	s := t.sessions[req.InitiatorPortID]
@@ -259,11 +297,13 @@ func (t *Target) Login(dev transport.Device, req srp.LoginReq, info ConnInfo) (*
 	// Admission, before anything changes: the channel's registered memory, then a session
 	// slot if this login opens a session (a SINGLE login replacing its initiator's session
 	// takes over the old one's slot).
-	if c := t.admitLocked(dev, &req, &d, s == nil); c != CauseNone {
+	if c := t.admitLocked(dev, &req, &d, s == nil, pl); c != CauseNone {
 		t.mu.Unlock()
 		d = LoginDecision{Rej: srp.LoginRejFields{Reason: srp.RejInsufficientResources, Tag: req.Tag, BufFmt: t.lim.BufFormats},
-			Cause: c}
-		t.loginRejected(&req, info, &d, nil)
+			Cause: c, memNeed: d.memNeed}
+		if report {
+			t.loginRejected(&req, info, &d, nil)
+		}
 		return nil, d, nil
 	}
 	var old *session
@@ -310,15 +350,21 @@ func (t *Target) Login(dev transport.Device, req srp.LoginReq, info ConnInfo) (*
 
 	ch, err := t.newChannel(dev, s, id, &d)
 	if err != nil {
-		t.putMemory(d.memory)
+		t.putMemory(d.memory, pl)
 		t.mu.Lock()
 		s.reserved--
 		t.endSessionIfEmptyLocked(s)
 		t.mu.Unlock()
 		d = LoginDecision{Rej: srp.LoginRejFields{Reason: srp.RejInsufficientResources, Tag: req.Tag, BufFmt: t.lim.BufFormats},
 			Cause: CauseResources}
-		t.loginRejected(&req, info, &d, err)
+		if report {
+			t.loginRejected(&req, info, &d, err)
+		}
 		return nil, d, err
+	}
+	if pl != nil {
+		t.budget.setPendingMemory(pl, d.memory)
+		ch.pend = pl
 	}
 	pc := &PendingChannel{t: t, ch: ch, d: d}
 	if _, err := srp.LoginRsp(pc.rsp[:]).Encode(&d.Rsp); err != nil {
@@ -331,7 +377,9 @@ func (t *Target) Login(dev transport.Device, req srp.LoginReq, info ConnInfo) (*
 		pc.Abort()
 		d = LoginDecision{Rej: srp.LoginRejFields{Reason: srp.RejInsufficientResources, Tag: req.Tag, BufFmt: t.lim.BufFormats},
 			Cause: CauseShuttingDown}
-		t.loginRejected(&req, info, &d, nil)
+		if report {
+			t.loginRejected(&req, info, &d, nil)
+		}
 		return nil, d, ErrClosed
 	}
 	t.pending[pc] = struct{}{}

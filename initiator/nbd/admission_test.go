@@ -28,6 +28,24 @@ func exportStats(t testing.TB, s *Server, name string) ExportStats {
 	return ExportStats{}
 }
 
+// settle waits until the buffers in use have not changed for 300 ms (the slow readers have
+// taken all they can).
+func settle(t testing.TB, s *Server) {
+	t.Helper()
+	last, same := int64(-1), 0
+	for i := 0; i < 200 && same < 6; i++ {
+		time.Sleep(50 * time.Millisecond)
+		if n := s.Stats().BufferInUse; n == last {
+			same++
+		} else {
+			last, same = n, 0
+		}
+	}
+	if same < 6 {
+		t.Fatal("the buffers in use did not settle within 10 s")
+	}
+}
+
 // TestSlowReadersDoNotBlockOthers is issue 23's finding: four connections that each pipeline
 // two 32 MiB READs and never read a reply used to take the whole default budget (256 MiB),
 // and every other client waited (for as long as they stayed). With the reserve, a fifth
@@ -49,7 +67,7 @@ func TestSlowReadersDoNotBlockOthers(t *testing.T) {
 	}
 	// Three connections get their 64 MiB; the fourth waits for the unreserved part (192 MiB).
 	waitFor(t, "the slow readers' reads in the device", func() bool { return disk.reads.Load() >= 6 })
-	time.Sleep(100 * time.Millisecond)
+	settle(t, ts.Server)
 	st := ts.Stats()
 	if st.BufferInUse < 3*2*big {
 		t.Fatalf("slow readers hold %d bytes, want at least %d", st.BufferInUse, 3*2*big)

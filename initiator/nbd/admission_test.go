@@ -275,9 +275,11 @@ func TestWriteTimeoutSparesSlowAndIdle(t *testing.T) {
 // TestMaxConnections: with MaxConnections established, NBD_OPT_GO is answered
 // NBD_REP_ERR_POLICY with a message and NBD_OPT_EXPORT_NAME closes; both are counted, and the
 // established connections keep working. A slot freed by a disconnect is taken by the next
-// client. Connections beyond MaxConnections in their handshake are closed at accept.
+// client. Connections beyond MaxConnections in their handshake are closed at accept. The
+// refusals are logged at most once per interval.
 func TestMaxConnections(t *testing.T) {
-	ts := startServer(t, Config{MaxConnections: 2}, handshakeExports())
+	core, logs := observer.New(zapcore.InfoLevel)
+	ts := startServer(t, Config{MaxConnections: 2, Logger: zap.New(core)}, handshakeExports())
 	var est []*client
 	for i := 0; i < 2; i++ {
 		c := dialUnix(t, ts.sock)
@@ -340,6 +342,10 @@ func TestMaxConnections(t *testing.T) {
 	}
 	if st := ts.Stats(); st.Refused != 3 {
 		t.Fatalf("Refused %d, want 3", st.Refused)
+	}
+	// Three refusals in a row are logged once (rate-limited), whatever their phase.
+	if n := logs.FilterMessageSnippet("refused a connection").Len(); n != 1 {
+		t.Fatalf("%d log lines about refused connections, want 1", n)
 	}
 	// The waiting handshakes are unharmed (their GO is refused: both slots are taken).
 	if res := waiting[0].info(optGo, "disk"); res.final.typ != repErrPolicy {

@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -109,12 +111,14 @@ type conn struct {
 	iov      net.Buffers
 	iovStore [][]byte
 	broken   atomic.Bool
-	inflight atomic.Int64
-	winBytes atomic.Int64
-	winLimit int64
-	winWake  chan struct{}
-	poolWake chan struct{}
-	debug    bool
+	stalled  atomic.Bool // closed because replies were not read within Config.WriteTimeout
+	// stalledBytes is what the connection held in buffers when it was found stalled.
+	stalledBytes atomic.Int64
+	inflight     atomic.Int64
+	winBytes     atomic.Int64
+	winWake      chan struct{}
+	poolWake     chan struct{}
+	debug        bool
 
 	counters counters
 }
@@ -153,12 +157,12 @@ func newConn(s *Server, base context.Context, nc net.Conn) *conn {
 		cancel:   cancel,
 		done:     make(chan struct{}),
 		stop:     make(chan struct{}),
-		winLimit: s.cfg.ConnMaxInFlightBytes,
 		winWake:  make(chan struct{}, 1),
 		poolWake: make(chan struct{}, 1),
 	}
 	c.flushFn = c.flushHeld
 	if raw != nil {
+		raw.wrTimeout = max(s.cfg.WriteTimeout, 0)
 		raw.waits = &c.counters.readWaits
 		if s.cfg.ReadSpin > 0 {
 			raw.spin = s.cfg.ReadSpin
@@ -200,9 +204,18 @@ func (c *conn) kill() {
 
 // fail records that a reply could not be written: the client is gone or the connection is
 // broken, so nothing more is sent, and the read loop is woken up by the close.
+//
+// A write that timed out (Config.WriteTimeout) marks the connection stalled: transmit returns
+// ErrWriteStalled, which run logs once, and it is counted.
 func (c *conn) fail(err error) {
 	if c.broken.CompareAndSwap(false, true) {
-		c.log.Debug("reply write failed; closing", zap.Error(err))
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			c.stalledBytes.Store(c.winBytes.Load())
+			c.stalled.Store(true)
+			c.counters.stalledClosed.Add(1)
+		} else {
+			c.log.Debug("reply write failed; closing", zap.Error(err))
+		}
 		c.drain() // also ends a wait of the read loop for a buffer or a request slot
 		c.nc.Close()
 	}
@@ -255,6 +268,9 @@ func (c *conn) transmit() error {
 	c.workers.Wait()
 	c.asyncWG.Wait() // every posted request answered (or its reply given up)
 	err := c.rdErr
+	if c.stalled.Load() {
+		return fmt.Errorf("%w (%v, %d bytes of buffers given back)", ErrWriteStalled, c.srv.cfg.WriteTimeout, c.stalledBytes.Load())
+	}
 	if err != nil && c.broken.Load() {
 		// The read failed because a failed reply write closed the socket.
 		err = nil
@@ -400,10 +416,11 @@ func (c *conn) check(r *request) (Errno, string) {
 func (c *conn) acquire(r *request) bool {
 	n := int(r.length)
 	size := classBytes(sizeClass(n))
-	// Only this goroutine adds to winBytes, so the check below cannot be overtaken.
+	// Only this goroutine adds to winBytes, so the check below cannot be overtaken. While the
+	// connection holds buffers, its own releases wake it (whatever happens to its share).
 	for {
 		cur := c.winBytes.Load()
-		if cur == 0 || cur+size <= c.winLimit {
+		if cur == 0 || cur+size <= c.share() {
 			break
 		}
 		c.flushHeld() // the replies held free window
@@ -413,14 +430,32 @@ func (c *conn) acquire(r *request) bool {
 			return false
 		}
 	}
-	c.winBytes.Add(size)
-	b := c.srv.pool.get(n, c.poolWake, c.stop, c.flushFn)
+	held := c.winBytes.Add(size)
+	if held == size {
+		c.srv.holders.Add(1)
+	}
+	b := c.srv.pool.get(n, held, c.poolWake, c.stop, c.flushFn)
 	if b == nil {
-		c.winBytes.Add(-size)
+		c.unhold(size)
 		return false
 	}
 	r.buf, r.win = b, size
 	return true
+}
+
+// share is the most buffer bytes the connection may hold (while it holds some): its fair share
+// of the pool's unreserved bytes among the connections holding or waiting for buffers, itself
+// included, and at most Config.ConnMaxInFlightBytes.
+func (c *conn) share() int64 {
+	n := max(c.srv.holders.Load(), 1) // may lag a transition by a moment; never below one
+	return min(c.srv.cfg.ConnMaxInFlightBytes, c.srv.pool.shared/n)
+}
+
+// unhold takes n bytes off the connection's window.
+func (c *conn) unhold(n int64) {
+	if c.winBytes.Add(-n) == 0 {
+		c.srv.holders.Add(-1)
+	}
 }
 
 // release returns r's buffer and r itself.
@@ -428,7 +463,7 @@ func (c *conn) release(r *request) {
 	if r.buf != nil {
 		c.srv.pool.put(r.buf)
 		r.buf = nil
-		c.winBytes.Add(-r.win)
+		c.unhold(r.win)
 		r.win = 0
 		select {
 		case c.winWake <- struct{}{}:
@@ -593,6 +628,11 @@ func (c *conn) writeLoop(mayBlock bool) {
 					return
 				}
 			} else {
+				// Not a socket (a pipe): the deadline covers every batch (rawStream arms it
+				// only when the socket is full).
+				if wt := c.srv.cfg.WriteTimeout; wt > 0 {
+					c.nc.SetWriteDeadline(time.Now().Add(wt))
+				}
 				_, err = c.iov.WriteTo(c.nc)
 			}
 			if err != nil {

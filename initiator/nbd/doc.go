@@ -59,4 +59,16 @@
 // never holds more than Config.MaxInFlightBytes (a connection holds at most
 // Config.ConnMaxInFlightBytes), so the steady state allocates nothing. Read replies are built in
 // place, with the reply header in headroom before the data.
+//
+// # Clients that misbehave
+//
+// A client can only stall itself. A connection holds at most its fair share of the buffer
+// budget (the unreserved three quarters divided among the connections holding buffers), and a
+// quarter is kept for connections holding little (up to reserve/MaxConnections, 1 MiB at the
+// defaults): however much clients that stop reading replies hold, a new or lightly loaded
+// client gets its buffers at once. Such a client is closed when a batch of its replies has
+// waited Config.WriteTimeout for the socket, and its buffers return to the pool
+// (Counters.StalledClosed). Config.MaxConnections bounds the connections in transmission (one
+// more is refused at NBD_OPT_GO with NBD_REP_ERR_POLICY) and, separately, those still in their
+// handshake (one more is closed when accepted); both count in Stats.Refused.
 package nbd

@@ -151,6 +151,12 @@ var (
 	ErrNotLoopback = errors.New("nbd: TCP address is not a loopback address")
 	// ErrAlreadyServing: Serve called while another Serve is running.
 	ErrAlreadyServing = errors.New("nbd: server is already serving")
+	// ErrTooManyConnections: a connection over Config.MaxConnections was refused (ServeConn's
+	// error for it; accepted connections are counted in Stats.Refused).
+	ErrTooManyConnections = errors.New("nbd: too many connections")
+	// ErrWriteStalled: the client did not read its replies within Config.WriteTimeout, and the
+	// connection was closed (ServeConn's error; counted in Counters.StalledClosed).
+	ErrWriteStalled = errors.New("nbd: client did not read its replies within the write timeout")
 )
 
 // errProtocol marks a client protocol violation that ends the connection (a hard disconnect).

@@ -258,3 +258,39 @@ func TestExternalFioVerify(t *testing.T) {
 		})
 	}
 }
+
+// TestExternalNbdinfoRefused: a client over Config.MaxConnections is refused in a way nbdinfo
+// reports (libnbd 1.14: "handshake: server policy prevents NBD_OPT_GO"; its debug log carries
+// the server's message), while the established client keeps working.
+func TestExternalNbdinfoRefused(t *testing.T) {
+	needTools(t, "nbdinfo")
+	ts := startServer(t, Config{MaxConnections: 1}, map[string]Device{"disk": newRAM(1<<20, 512)})
+	c := dialUnix(t, ts.sock)
+	c.connect("disk", false)
+	out, err := run(t, true, "nbdinfo", "--size", ts.uris("disk")["unix"])
+	if err == nil {
+		t.Fatalf("nbdinfo succeeded over max_connections:\n%s", out)
+	}
+	if !strings.Contains(out, "policy") && !strings.Contains(out, "too many connections") {
+		t.Fatalf("nbdinfo does not say the server refused by policy:\n%s", out)
+	}
+	t.Logf("nbdinfo says: %s", strings.TrimSpace(out))
+	t.Setenv("LIBNBD_DEBUG", "1")
+	if out, err := run(t, true, "nbdinfo", "--size", ts.uris("disk")["unix"]); err == nil || !strings.Contains(out, "too many connections") {
+		t.Fatalf("nbdinfo's debug log lacks the server's message (err %v):\n%s", err, out)
+	}
+	t.Setenv("LIBNBD_DEBUG", "")
+	if st := ts.Stats(); st.Refused != 2 {
+		t.Fatalf("Refused %d, want 2", st.Refused)
+	}
+	if r := c.do(cmdRead, 0, 0, 4096, nil); r.errno != 0 {
+		t.Fatalf("established client: %v", r.errno)
+	}
+	// Once it leaves, nbdinfo gets in.
+	c.send(cmdDisc, 0, 1, 0, 0, nil)
+	c.expectClosed()
+	waitFor(t, "the slot freed", func() bool { return ts.Stats().Active == 0 })
+	if out, _ := run(t, false, "nbdinfo", "--size", ts.uris("disk")["unix"]); strings.TrimSpace(out) != "1048576" {
+		t.Fatalf("nbdinfo --size: %q", out)
+	}
+}

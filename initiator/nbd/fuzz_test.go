@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -11,14 +13,24 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/srpd/srpd/internal/fuzzbound"
 )
 
 // socketPair returns two connected unix stream sockets (the server's and the client's).
 func socketPair(t testing.TB) (*net.UnixConn, *net.UnixConn) {
 	t.Helper()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	a, b, err := socketPairErr()
 	if err != nil {
 		t.Fatal(err)
+	}
+	return a, b
+}
+
+func socketPairErr() (*net.UnixConn, *net.UnixConn, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
 	}
 	conns := make([]*net.UnixConn, 2)
 	for i, fd := range fds {
@@ -26,11 +38,16 @@ func socketPair(t testing.TB) (*net.UnixConn, *net.UnixConn) {
 		c, err := net.FileConn(f)
 		f.Close()
 		if err != nil {
-			t.Fatal(err)
+			if i == 1 {
+				conns[0].Close()
+			} else {
+				syscall.Close(fds[1])
+			}
+			return nil, nil, err
 		}
 		conns[i] = c.(*net.UnixConn)
 	}
-	return conns[0], conns[1]
+	return conns[0], conns[1], nil
 }
 
 var (
@@ -59,11 +76,18 @@ func sharedFuzzServer(t testing.TB) *Server {
 }
 
 // feed plays input as the client on a fresh connection and returns everything the server
-// sent. It fails if the server does not finish within a few seconds of the end of the input.
-func feed(t *testing.T, input []byte) []byte {
+// sent. It fails (t.Error, false) if the server does not finish soon after the end of the
+// input. It runs inside fuzzbound.Run, so it never calls t.FailNow.
+func feed(t *testing.T, input []byte) ([]byte, bool) {
 	s := sharedFuzzServer(t)
-	sc, cc := socketPair(t)
+	sc, cc, err := socketPairErr()
+	if err != nil {
+		t.Error(err)
+		return nil, false
+	}
 	defer cc.Close()
+	// Each wait below gets a share of the per-input bound, so that these report first.
+	wait := fuzzbound.Bound() * 2 / 5
 	done := make(chan error, 1)
 	go func() { done <- s.ServeConn(context.Background(), sc) }()
 	var out bytes.Buffer
@@ -76,15 +100,21 @@ func feed(t *testing.T, input []byte) []byte {
 	cc.CloseWrite()
 	select {
 	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("server still serving 10 s after the input ended (%d bytes)", len(input))
+	case <-time.After(wait):
+		t.Errorf("server still serving %v after the input ended (%d bytes)", wait, len(input))
+		sc.Close()
+		<-done
+		return nil, false
 	}
 	select {
 	case <-readDone:
-	case <-time.After(10 * time.Second):
-		t.Fatal("server did not close the connection")
+	case <-time.After(wait):
+		t.Error("server did not close the connection")
+		cc.Close()
+		<-readDone
+		return nil, false
 	}
-	return out.Bytes()
+	return out.Bytes(), true
 }
 
 func opt(o uint32, data []byte) []byte {
@@ -111,10 +141,13 @@ func FuzzHandshake(f *testing.F) {
 	f.Add(cat(clientFlags(0xffffffff)))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, input []byte) {
-		out := feed(t, input)
-		if len(out) < 18 || binary.BigEndian.Uint64(out) != nbdMagic {
-			t.Fatalf("no greeting: % x", out[:min(len(out), 18)])
-		}
+		sharedFuzzServer(t)
+		fuzzbound.Run(t, func() {
+			out, ok := feed(t, input)
+			if ok && (len(out) < 18 || binary.BigEndian.Uint64(out) != nbdMagic) {
+				t.Errorf("no greeting: % x", out[:min(len(out), 18)])
+			}
+		})
 	})
 }
 
@@ -147,88 +180,97 @@ func FuzzRequests(f *testing.F) {
 			hs = cat(hs, opt(optStructuredReply, nil))
 		}
 		hs = cat(hs, opt(optGo, infoData(export, infoBlockSize)))
-		out := feed(t, cat(hs, stream))
-		if !structured {
-			return
-		}
-		out = skipHandshake(t, out)
-		checkReplyStream(t, out)
+		sharedFuzzServer(t)
+		fuzzbound.Run(t, func() {
+			out, ok := feed(t, cat(hs, stream))
+			if !ok || !structured {
+				return
+			}
+			out, err := skipHandshake(out)
+			if err == nil {
+				err = checkReplyStream(out)
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		})
 	})
 }
 
 // skipHandshake removes the greeting and the option replies up to the NBD_REP_ACK of GO.
-func skipHandshake(t *testing.T, out []byte) []byte {
+func skipHandshake(out []byte) ([]byte, error) {
 	if len(out) < 18 {
-		t.Fatalf("short greeting")
+		return nil, fmt.Errorf("short greeting")
 	}
 	out = out[18:]
 	for {
 		if len(out) < optReplyHdrLen || binary.BigEndian.Uint64(out) != optReplyMagic {
-			t.Fatalf("bad option reply % x", out[:min(len(out), 20)])
+			return nil, fmt.Errorf("bad option reply % x", out[:min(len(out), 20)])
 		}
 		o, typ := binary.BigEndian.Uint32(out[8:]), binary.BigEndian.Uint32(out[12:])
 		n := int(binary.BigEndian.Uint32(out[16:]))
 		if len(out) < optReplyHdrLen+n {
-			t.Fatal("truncated option reply")
+			return nil, errors.New("truncated option reply")
 		}
 		out = out[optReplyHdrLen+n:]
 		if o == optGo && typ == repAck {
-			return out
+			return out, nil
 		}
 		if typ&repErrBit != 0 {
-			t.Fatalf("option %d failed: %#x", o, typ)
+			return nil, fmt.Errorf("option %d failed: %#x", o, typ)
 		}
 	}
 }
 
 // checkReplyStream parses a structured-reply transmission stream: simple replies without
 // payload and structured chunks with consistent lengths.
-func checkReplyStream(t *testing.T, out []byte) {
+func checkReplyStream(out []byte) error {
 	for len(out) > 0 {
 		if len(out) < 4 {
-			t.Fatalf("trailing bytes % x", out)
+			return fmt.Errorf("trailing bytes % x", out)
 		}
 		switch binary.BigEndian.Uint32(out) {
 		case simpleReplyMagic:
 			if len(out) < simpleReplyLen {
-				t.Fatal("truncated simple reply")
+				return errors.New("truncated simple reply")
 			}
 			if e := Errno(binary.BigEndian.Uint32(out[4:])); e != 0 && !e.known() {
-				t.Fatalf("error %d is not an NBD error", e)
+				return fmt.Errorf("error %d is not an NBD error", e)
 			}
 			out = out[simpleReplyLen:]
 		case structuredReplyMagic:
 			if len(out) < structuredHdrLen {
-				t.Fatal("truncated chunk header")
+				return errors.New("truncated chunk header")
 			}
 			flags, typ := binary.BigEndian.Uint16(out[4:]), binary.BigEndian.Uint16(out[6:])
 			n := int(binary.BigEndian.Uint32(out[16:]))
 			if len(out) < structuredHdrLen+n {
-				t.Fatal("truncated chunk")
+				return errors.New("truncated chunk")
 			}
 			p := out[structuredHdrLen : structuredHdrLen+n]
 			if flags != replyFlagDone {
-				t.Fatalf("chunk flags %#x", flags)
+				return fmt.Errorf("chunk flags %#x", flags)
 			}
 			switch typ {
 			case replyTypeNone:
 				if n != 0 {
-					t.Fatal("NONE chunk with payload")
+					return errors.New("NONE chunk with payload")
 				}
 			case replyTypeOffsetData:
 				if n < 9 {
-					t.Fatalf("OFFSET_DATA of length %d", n)
+					return fmt.Errorf("OFFSET_DATA of length %d", n)
 				}
 			case replyTypeError:
 				if n < 6 || int(binary.BigEndian.Uint16(p[4:])) != n-6 || !Errno(binary.BigEndian.Uint32(p)).known() {
-					t.Fatalf("bad error chunk % x", p)
+					return fmt.Errorf("bad error chunk % x", p)
 				}
 			default:
-				t.Fatalf("chunk type %d", typ)
+				return fmt.Errorf("chunk type %d", typ)
 			}
 			out = out[structuredHdrLen+n:]
 		default:
-			t.Fatalf("reply magic %#x", binary.BigEndian.Uint32(out))
+			return fmt.Errorf("reply magic %#x", binary.BigEndian.Uint32(out))
 		}
 	}
+	return nil
 }

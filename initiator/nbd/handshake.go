@@ -3,6 +3,7 @@ package nbd
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"time"
 
@@ -92,8 +93,16 @@ func (c *conn) option(opt uint32, data []byte) (*export, error) {
 	switch opt {
 	case optExportName:
 		e := c.srv.lookup(string(data))
-		if e == nil || !c.start(e) {
+		if e == nil {
 			// proto.md "NBD_OPT_EXPORT_NAME": the server MUST terminate the session.
+			return nil, protoErr("NBD_OPT_EXPORT_NAME for unknown export %q", data)
+		}
+		if err := c.start(e); err != nil {
+			// No error reply exists for NBD_OPT_EXPORT_NAME: closing is all there is.
+			if errors.Is(err, ErrTooManyConnections) {
+				c.srv.logRefusal("NBD_OPT_EXPORT_NAME", c.nc.RemoteAddr())
+				return nil, err
+			}
 			return nil, protoErr("NBD_OPT_EXPORT_NAME for unknown export %q", data)
 		}
 		var b [10 + zeroPadLen]byte
@@ -181,7 +190,15 @@ func (c *conn) infoGo(opt uint32, data []byte) (*export, error) {
 	}
 	size, tflags := c.exportParams(e)
 	if opt == optGo {
-		if !c.start(e) {
+		if err := c.start(e); err != nil {
+			if errors.Is(err, ErrTooManyConnections) {
+				// NBD_REP_ERR_POLICY: "server-side policy forbids the server to allow the
+				// option" (proto.md "Option reply types"); clients show the message (qemu:
+				// "Denied by server for option 7 (go)" and "server reported: ...").
+				c.srv.logRefusal("NBD_OPT_GO", c.nc.RemoteAddr())
+				msg := fmt.Sprintf("too many connections: this server allows %d (max_connections); try again later", c.srv.cfg.MaxConnections)
+				return nil, c.optReply(opt, repErrPolicy, []byte(msg))
+			}
 			return nil, c.optReply(opt, repErrUnknown, []byte("export was removed"))
 		}
 		size, tflags = c.size, c.tflags
@@ -241,8 +258,15 @@ func (c *conn) exportParams(e *export) (int64, uint16) {
 	return e.dev.Size(), f
 }
 
-// start attaches c to e and fixes the transmission parameters.
-func (c *conn) start(e *export) bool {
+// errRemoved: the export was removed while the handshake chose it.
+var errRemoved = errors.New("nbd: export was removed")
+
+// start takes a transmission slot (ErrTooManyConnections when there is none), attaches c to e
+// (errRemoved when e is gone) and fixes the transmission parameters.
+func (c *conn) start(e *export) error {
+	if !c.srv.admit() {
+		return fmt.Errorf("%w: %d in transmission (max_connections)", ErrTooManyConnections, c.srv.cfg.MaxConnections)
+	}
 	// Set before attach: Stats reads them once c is in e.conns.
 	c.exp = e
 	c.dev = e.dev
@@ -253,10 +277,11 @@ func (c *conn) start(e *export) bool {
 	c.since = time.Now()
 	if !e.attach(c) {
 		c.exp, c.dev = nil, nil
-		return false
+		c.srv.leave()
+		return errRemoved
 	}
 	c.log = c.log.With(zap.String("export", e.name))
-	return true
+	return nil
 }
 
 // optReply sends one option reply (proto.md "Fixed newstyle negotiation").

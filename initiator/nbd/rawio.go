@@ -30,6 +30,10 @@ type rawStream struct {
 	wrFn    func(fd uintptr) bool
 	wrNowFn func(fd uintptr) bool
 	iovAll  []syscall.Iovec // the whole batch, cleared once written
+	// wrTimeout bounds a batch's wait for the socket (Config.WriteTimeout; 0: none). The
+	// deadline is armed only once a batch finds the socket full, so a write that needs no wait
+	// costs no timer.
+	wrTimeout time.Duration
 	// spin: how long a read that finds no data retries before it waits in the netpoller,
 	// while spinOK says so (see Config.ReadSpin); spinEnd is the current spin's end.
 	spin    time.Duration
@@ -141,12 +145,29 @@ func (s *rawStream) writeBuffers(bufs [][]byte, iov []syscall.Iovec, block bool)
 	return iov, false, s.finishWrite()
 }
 
-// finishWrite writes what is left of the batch, waiting for the socket as needed.
+// finishWrite writes what is left of the batch, waiting for the socket as needed, for at most
+// wrTimeout from the first wait (then the error is os.ErrDeadlineExceeded).
 func (s *rawStream) finishWrite() error {
+	if len(s.iov) > 0 && s.wrErr == nil {
+		// Without waiting first: most batches go out whole and need no deadline.
+		if err := s.rc.Write(s.wrNowFn); err != nil {
+			s.wrErr = err
+		}
+	}
+	armed := false
+	if len(s.iov) > 0 && s.wrErr == nil && s.wrTimeout > 0 {
+		s.nc.SetWriteDeadline(time.Now().Add(s.wrTimeout))
+		armed = true
+	}
 	for len(s.iov) > 0 && s.wrErr == nil {
 		if err := s.rc.Write(s.wrFn); err != nil {
 			s.wrErr = err
 		}
+	}
+	if armed && s.wrErr == nil {
+		// A deadline left behind would fail the next write at once, even one that need not
+		// wait (the poller checks it first).
+		s.nc.SetWriteDeadline(time.Time{})
 	}
 	clear(s.iovAll) // no references to the replies' buffers stay behind
 	s.iov, s.iovAll = nil, nil

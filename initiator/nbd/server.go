@@ -26,6 +26,8 @@ const (
 	DefaultWorkers              = 32
 	DefaultHandshakeTimeout     = 30 * time.Second
 	DefaultShutdownTimeout      = 10 * time.Second
+	DefaultWriteTimeout         = 30 * time.Second
+	DefaultMaxConnections       = 64
 )
 
 // Config configures a Server. The zero value is usable.
@@ -46,6 +48,14 @@ type Config struct {
 	// ConnMaxInFlightBytes bounds the buffer bytes one connection holds (so a client that stops
 	// reading replies cannot take the whole budget). 0 means DefaultConnMaxInFlightBytes, capped
 	// to MaxInFlightBytes; a single request is always admitted when the connection holds none.
+	//
+	// Within it a connection gets a fair share of the budget: the part not reserved (below)
+	// divided by the connections holding or waiting for buffers. A quarter of the budget (less
+	// when the budget is under 4/3 of a MaxRequestSize buffer) is a reserve that only serves a
+	// connection holding at most reserve/MaxConnections bytes with the new buffer (1 MiB at the
+	// defaults): clients that stop reading replies keep their buffers until WriteTimeout closes
+	// them, and whatever they hold, a connection with little in flight (a 4 KiB read at queue
+	// depth 1, a new client) is served at once.
 	ConnMaxInFlightBytes int64
 	// MaxInFlight is the number of requests a connection may have read and not yet answered
 	// (the pipeline window). Each worker reads the requests it executes, so the window is
@@ -60,6 +70,21 @@ type Config struct {
 	// ShutdownTimeout bounds how long Serve's shutdown and RemoveExport wait for requests in
 	// flight before they cancel them and close the connections. 0 means DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
+	// WriteTimeout bounds how long a batch of replies may wait for the socket: when the client
+	// does not read them within it (counted from the first write that finds the socket full),
+	// the connection is closed, its requests' buffers go back to the pool, and it is counted in
+	// Counters.StalledClosed. A batch holds at most the connection's buffer window, so a client
+	// must read at least ConnMaxInFlightBytes/WriteTimeout (about 2 MiB/s at the defaults) while
+	// it has that much in flight. Idle time between requests does not count. 0 means
+	// DefaultWriteTimeout; negative: no deadline.
+	WriteTimeout time.Duration
+	// MaxConnections bounds the connections of the server in transmission phase (every export
+	// together): NBD_OPT_GO over the limit is answered NBD_REP_ERR_POLICY with a message saying
+	// so (NBD_OPT_EXPORT_NAME, which cannot carry an error, closes the connection), counted in
+	// Stats.Refused; established connections are not affected. As many connections again may
+	// be in their handshake; one more is closed as soon as it is accepted (also counted). 0
+	// means DefaultMaxConnections.
+	MaxConnections int
 	// AllowNonLoopback lets ListenTCP bind addresses other than loopback ones. NBD has no
 	// authentication here: keep it off unless the network is trusted.
 	AllowNonLoopback bool
@@ -111,8 +136,14 @@ func (c *Config) setDefaults() error {
 	if c.Workers > c.MaxInFlight {
 		c.Workers = c.MaxInFlight
 	}
-	if c.MaxInFlight < 0 || c.Workers < 0 || c.MaxInFlightBytes < 0 || c.ConnMaxInFlightBytes < 0 {
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.MaxInFlight < 0 || c.Workers < 0 || c.MaxInFlightBytes < 0 || c.ConnMaxInFlightBytes < 0 || c.MaxConnections < 0 {
 		return errors.New("nbd: negative limit in Config")
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
 	}
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = DefaultHandshakeTimeout
@@ -183,9 +214,17 @@ type Server struct {
 	acceptWG sync.WaitGroup
 	connWG   sync.WaitGroup
 
+	// live counts the connections in transmission phase (s.mu), for Config.MaxConnections.
+	live int
+	// holders counts the connections holding or waiting for buffers: the divisor of the fair
+	// share (conn.acquire).
+	holders atomic.Int64
+
 	nextID            atomic.Uint64
 	accepted          atomic.Uint64
 	handshakeFailures atomic.Uint64
+	refused           atomic.Uint64
+	refuseLog         atomic.Int64 // unix nanoseconds of the last refusal logged
 }
 
 // NewServer returns a server with no exports and no listeners.
@@ -196,7 +235,7 @@ func NewServer(cfg Config) (*Server, error) {
 	return &Server{
 		cfg:     cfg,
 		log:     cfg.Logger,
-		pool:    newBufPool(cfg.MaxInFlightBytes, cfg.MaxRequestSize, cfg.Allocator),
+		pool:    newBufPool(cfg.MaxInFlightBytes, cfg.MaxRequestSize, cfg.MaxConnections, cfg.Allocator),
 		exports: make(map[string]*export),
 		conns:   make(map[*conn]struct{}),
 	}, nil
@@ -497,6 +536,9 @@ func (s *Server) acceptLoop(l net.Listener) {
 		c, err := s.newConn(base, nc)
 		if err != nil {
 			nc.Close()
+			if errors.Is(err, ErrTooManyConnections) {
+				s.logRefusal("accept", nc.RemoteAddr())
+			}
 			continue
 		}
 		go s.run(c, true)
@@ -519,12 +561,18 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) error {
 	return s.run(c, false)
 }
 
-// newConn registers a connection.
+// newConn registers a connection, unless Config.MaxConnections connections are in their
+// handshake already (a flood of clients that never finish it must not hold the server's
+// memory and goroutines without bound).
 func (s *Server) newConn(base context.Context, nc net.Conn) (*conn, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil, ErrServerClosed
+	}
+	if len(s.conns)-s.live >= s.cfg.MaxConnections {
+		s.refused.Add(1)
+		return nil, fmt.Errorf("%w: %d connections are in their handshake", ErrTooManyConnections, len(s.conns)-s.live)
 	}
 	if base == nil {
 		base = context.Background()
@@ -536,14 +584,60 @@ func (s *Server) newConn(base context.Context, nc net.Conn) (*conn, error) {
 	return c, nil
 }
 
+// admit takes one of the Config.MaxConnections transmission slots; false when none is left.
+func (s *Server) admit() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.live >= s.cfg.MaxConnections {
+		s.refused.Add(1)
+		return false
+	}
+	s.live++
+	return true
+}
+
+// leave gives back the slot admit took.
+func (s *Server) leave() {
+	s.mu.Lock()
+	s.live--
+	s.mu.Unlock()
+}
+
+// refuseLogInterval is the least time between two log lines about refused connections: a
+// flood of them must not flood the log as well (Stats.Refused counts them all).
+const refuseLogInterval = 10 * time.Second
+
+// logRefusal logs a connection refused for Config.MaxConnections, at most once per
+// refuseLogInterval.
+func (s *Server) logRefusal(phase string, remote net.Addr) {
+	now := time.Now().UnixNano()
+	last := s.refuseLog.Load()
+	if (last != 0 && now-last < int64(refuseLogInterval)) || !s.refuseLog.CompareAndSwap(last, now) {
+		return
+	}
+	addr := ""
+	if remote != nil {
+		addr = remote.String()
+	}
+	s.log.Warn("refused a connection: max_connections reached (further refusals are counted, logged at most every 10s)",
+		zap.String("phase", phase), zap.String("remote", addr), zap.Int("max_connections", s.cfg.MaxConnections),
+		zap.Uint64("refused_total", s.refused.Load()))
+}
+
 // run serves c to the end and unregisters it; with logEnd it logs how the connection ended
 // (ServeConn returns that to its caller instead).
 func (s *Server) run(c *conn, logEnd bool) (err error) {
 	defer func() {
 		if logEnd {
-			if err != nil {
+			switch {
+			case errors.Is(err, ErrTooManyConnections):
+				// logRefusal has said so (rate-limited).
+			case errors.Is(err, ErrWriteStalled):
+				c.log.Warn("closed a connection whose client does not read its replies", zap.Error(err),
+					zap.Duration("write_timeout", s.cfg.WriteTimeout))
+			case err != nil:
 				c.log.Info("connection ended", zap.Error(err))
-			} else {
+			default:
 				c.log.Debug("connection closed")
 			}
 		}
@@ -564,6 +658,7 @@ func (s *Server) run(c *conn, logEnd bool) (err error) {
 		err = c.readErr(err) // a handshake cut short by shutdown or RemoveExport is no error
 	}
 	if c.exp != nil {
+		defer s.leave()
 		defer c.exp.detach(c)
 	}
 	if err != nil || e == nil {

@@ -369,20 +369,20 @@ func TestServeConn(t *testing.T) {
 }
 
 func TestBufPool(t *testing.T) {
-	p := newBufPool(64<<10, 32<<10, nil)
+	p := newBufPool(64<<10, 32<<10, noReserve, nil)
 	wake := make(chan struct{}, 1)
 	stop := make(chan struct{})
-	a := p.get(32<<10, wake, stop, nil)
-	b := p.get(20<<10, wake, stop, nil) // class 32 KiB too
+	a := p.get(32<<10, 0, wake, stop, nil)
+	b := p.get(20<<10, 0, wake, stop, nil) // class 32 KiB too
 	if len(a.payload(32<<10)) != 32<<10 || a.class != b.class {
 		t.Fatalf("classes %d %d", a.class, b.class)
 	}
-	if alloc, _ := p.stats(); alloc != 64<<10 {
+	if alloc, _, _ := p.stats(); alloc != 64<<10 {
 		t.Fatalf("allocated %d", alloc)
 	}
 	// The budget is used up: a third get waits until a put.
 	got := make(chan *buffer)
-	go func() { got <- p.get(4096, wake, stop, nil) }()
+	go func() { got <- p.get(4096, 0, wake, stop, nil) }()
 	select {
 	case <-got:
 		t.Fatal("get did not wait")
@@ -393,19 +393,19 @@ func TestBufPool(t *testing.T) {
 	if c.class != 0 {
 		t.Fatalf("class %d", c.class)
 	}
-	if alloc, _ := p.stats(); alloc != 32<<10+4096 {
+	if alloc, _, _ := p.stats(); alloc != 32<<10+4096 {
 		t.Fatalf("allocated %d", alloc)
 	}
 	// Reuse: a put buffer comes back for the same class without allocating.
 	p.put(c)
-	if d := p.get(100, wake, stop, nil); d != c {
+	if d := p.get(100, 0, wake, stop, nil); d != c {
 		t.Fatal("free buffer not reused")
 	}
 	// A waiter gives up when stopped.
-	p2 := newBufPool(4096, 4096, nil)
-	x := p2.get(4096, wake, stop, nil)
+	p2 := newBufPool(4096, 4096, noReserve, nil)
+	x := p2.get(4096, 0, wake, stop, nil)
 	close(stop)
-	if y := p2.get(4096, wake, stop, nil); y != nil {
+	if y := p2.get(4096, 0, wake, stop, nil); y != nil {
 		t.Fatal("get returned a buffer after stop")
 	}
 	p2.put(x)

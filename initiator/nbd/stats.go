@@ -31,6 +31,9 @@ type Counters struct {
 	// ReadWaits counts the reads that found no data (after the spin, if any) and waited for
 	// the socket in the netpoller: each a wake-up of the reader when the request arrives.
 	ReadWaits uint64
+	// StalledClosed counts the connections closed because their client did not read the
+	// replies within Config.WriteTimeout (0 or 1 for a connection).
+	StalledClosed uint64
 }
 
 func (c *Counters) add(o Counters) {
@@ -48,12 +51,14 @@ func (c *Counters) add(o Counters) {
 	c.ReplyWrites += o.ReplyWrites
 	c.SpinReads += o.SpinReads
 	c.ReadWaits += o.ReadWaits
+	c.StalledClosed += o.StalledClosed
 }
 
 // counters is the live, atomically updated form of Counters.
 type counters struct {
 	requests, reads, writes, flushes, trims, zeroes, caches, invalid   atomic.Uint64
 	bytesRead, bytesWritten, errors, replyWrites, spinReads, readWaits atomic.Uint64
+	stalledClosed                                                      atomic.Uint64
 }
 
 func (c *counters) snapshot() Counters {
@@ -72,6 +77,8 @@ func (c *counters) snapshot() Counters {
 		ReplyWrites:  c.replyWrites.Load(),
 		SpinReads:    c.spinReads.Load(),
 		ReadWaits:    c.readWaits.Load(),
+
+		StalledClosed: c.stalledClosed.Load(),
 	}
 }
 
@@ -131,10 +138,15 @@ type Stats struct {
 	Accepted          uint64 // connections accepted (or passed to ServeConn)
 	HandshakeFailures uint64 // connections that ended before transmission (incl. NBD_OPT_ABORT)
 	Active            int    // connections open now, in handshake or transmission
-	BufferBytes       int64  // bytes held in request buffers, in use or free
-	BufferBudget      int64  // Config.MaxInFlightBytes
-	Exports           []ExportStats
-	Conns             []ConnStats
+	// Refused counts the connections refused for Config.MaxConnections: NBD_OPT_GO or
+	// NBD_OPT_EXPORT_NAME with every transmission slot taken, and connections closed at once
+	// because as many were in their handshake.
+	Refused      uint64
+	BufferBytes  int64 // bytes held in request buffers, in use or free
+	BufferInUse  int64 // bytes of the request buffers in use (held by requests)
+	BufferBudget int64 // Config.MaxInFlightBytes
+	Exports      []ExportStats
+	Conns        []ConnStats
 }
 
 // Stats returns a snapshot of the server's counters. Exports and Conns are sorted by name and
@@ -143,7 +155,8 @@ func (s *Server) Stats() Stats {
 	var st Stats
 	st.Accepted = s.accepted.Load()
 	st.HandshakeFailures = s.handshakeFailures.Load()
-	st.BufferBytes, st.BufferBudget = s.pool.stats()
+	st.Refused = s.refused.Load()
+	st.BufferBytes, st.BufferInUse, st.BufferBudget = s.pool.stats()
 
 	s.mu.Lock()
 	st.Active = len(s.conns)

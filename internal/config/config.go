@@ -34,6 +34,12 @@ const (
 	DefaultReconnectDelay = 10 * time.Second
 	DefaultFastIOFailTmo  = 15 * time.Second
 	DefaultDevLossTmo     = 600 * time.Second
+	// NBD export limits: initiator/nbd's DefaultMaxConnections and DefaultWriteTimeout.
+	DefaultNBDMaxConnections = 64
+	DefaultNBDWriteTimeout   = 30 * time.Second
+	// MaxNBDConnections bounds max_connections: beyond it the reserve of the export's buffer
+	// budget kept for light connections (256 MiB / 4 / max_connections) gets too small to help.
+	MaxNBDConnections = 4096
 
 	DefaultControlSocket = "/run/srpd/srpd.sock"
 	DefaultControlMode   = FileMode(0o660)
@@ -270,6 +276,16 @@ type Session struct {
 type NBDExport struct {
 	LUN    int    `yaml:"lun" json:"lun"`
 	Socket string `yaml:"socket" json:"socket"`
+	// MaxConnections bounds the NBD clients of the socket at once (1..4096, default 64): one
+	// more is refused at NBD_OPT_GO with NBD_REP_ERR_POLICY ("too many connections"), and
+	// clients that connect but never finish the handshake are bounded by as many again.
+	// Established clients are never affected.
+	MaxConnections int `yaml:"max_connections,omitempty" json:"max_connections,omitempty"`
+	// WriteTimeout closes a client that does not read its replies: a batch of replies that
+	// waits for the socket longer than this (1s..1h, default 30s; off: never) ends the
+	// connection, and its buffers go back to the export. The client must then read at least
+	// 64 MiB (its buffer window) per write_timeout while it has that much in flight.
+	WriteTimeout *Timeout `yaml:"write_timeout,omitempty" json:"write_timeout,omitempty"`
 }
 
 // Control is the control API's unix socket (srpctl).

@@ -71,10 +71,10 @@ func TestExampleConfigsValidate(t *testing.T) {
 		"serial", "acls", "initiator", "limits", "max_channels", "queue_depth", "max_it_iu_len",
 		"max_ti_iu_len", "immediate_data", "sessions", "source", "target_port_id", "initiator_ext",
 		"ch_count", "connect_timeout", "reconnect_delay", "fast_io_fail_tmo", "dev_loss_tmo", "nbd", "lun",
-		"socket", "control", "mode", "group", "logging", "level", "format", "metrics",
+		"socket", "max_connections", "write_timeout", "control", "mode", "group", "logging", "level", "format", "metrics",
 		"max_sessions", "max_registered_memory", "keepalive_interval", "stall_timeout", "stall_action",
 		"max_sessions_per_initiator", "max_pending_logins", "max_pending_logins_per_source",
-		"login_rate_per_source", "login_timeout"} {
+		"login_rate_per_source", "login_timeout", "allowed_paths", "follow_symlinks"} {
 		if !strings.Contains(ref, key+":") {
 			t.Errorf("srpd.reference.yaml does not document %q", key)
 		}

@@ -121,6 +121,9 @@ func (l *Limits) SetDefaults() {
 // SetDefaults fills the session's omitted fields (not Transport, which depends on the Config).
 func (s *Session) SetDefaults() {
 	nilIfEmpty(&s.NBD)
+	for i := range s.NBD {
+		s.NBD[i].SetDefaults()
+	}
 	if s.Port == 0 {
 		s.Port = DefaultSessionPort
 	}
@@ -144,6 +147,16 @@ func (s *Session) SetDefaults() {
 	}
 	if s.DevLossTmo == nil {
 		s.DevLossTmo = TimeoutOf(DefaultDevLossTmo)
+	}
+}
+
+// SetDefaults fills the export's omitted limits.
+func (e *NBDExport) SetDefaults() {
+	if e.MaxConnections == 0 {
+		e.MaxConnections = DefaultNBDMaxConnections
+	}
+	if e.WriteTimeout == nil {
+		e.WriteTimeout = TimeoutOf(DefaultNBDWriteTimeout)
 	}
 }
 

@@ -578,6 +578,14 @@ func (v *validator) session(p string, s *Session) {
 			luns[e.LUN] = i
 		}
 		v.absPath(join(np, "socket"), e.Socket, maxSocketPath)
+		if e.MaxConnections != 0 {
+			v.rng(join(np, "max_connections"), int64(e.MaxConnections), 1, MaxNBDConnections, " connections")
+		}
+		if t := e.WriteTimeout; t != nil && !t.Off() {
+			if d := t.Duration(); d < time.Second || d > time.Hour {
+				v.errorf(join(np, "write_timeout"), ErrInvalid, "%s must be off or between 1s and 1h", d)
+			}
+		}
 	}
 }
 

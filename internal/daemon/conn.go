@@ -51,6 +51,7 @@ type connRT struct {
 type nbdExport struct {
 	lun    int
 	socket string
+	cfg    config.NBDExport
 	srv    *nbd.Server
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -246,7 +247,7 @@ func (c *connRT) dial() (*initiator.Session, error) {
 func (c *connRT) startExports(sess *initiator.Session) {
 	var exps []*nbdExport
 	for _, e := range c.cfg.NBD {
-		x := &nbdExport{lun: e.LUN, socket: e.Socket, io: &ioTimes{}, done: make(chan struct{})}
+		x := &nbdExport{lun: e.LUN, socket: e.Socket, cfg: e, io: &ioTimes{}, done: make(chan struct{})}
 		exps = append(exps, x)
 		if err := c.serveExport(sess, x); err != nil {
 			x.err = err.Error()
@@ -264,8 +265,10 @@ func (c *connRT) serveExport(sess *initiator.Session, x *nbdExport) error {
 	if l == nil {
 		return fmt.Errorf("the target reports no LUN %d: %w", x.lun, ctlapi.ErrNotFound)
 	}
-	srv, err := nbd.NewServer(nbd.Config{Logger: c.log.Named("nbd").With(zap.Int("lun", x.lun)), ShutdownTimeout: c.nbdShutdown,
-		Allocator: initiator.NBDAllocator(sess)})
+	ncfg := nbdConfig(x.cfg)
+	ncfg.Logger, ncfg.ShutdownTimeout = c.log.Named("nbd").With(zap.Int("lun", x.lun)), c.nbdShutdown
+	ncfg.Allocator = initiator.NBDAllocator(sess)
+	srv, err := nbd.NewServer(ncfg)
 	if err != nil {
 		return err
 	}
@@ -292,6 +295,20 @@ func (c *connRT) serveExport(sess *initiator.Session, x *nbdExport) error {
 	}()
 	c.log.Info("NBD export up", zap.Int("lun", x.lun), zap.String("socket", x.socket), zap.Int64("size", l.Size()))
 	return nil
+}
+
+// nbdConfig maps an export's max_connections and write_timeout to the NBD server's Config
+// (omitted: the server's defaults; write_timeout off: a negative WriteTimeout, no deadline).
+func nbdConfig(e config.NBDExport) nbd.Config {
+	cfg := nbd.Config{MaxConnections: e.MaxConnections}
+	switch t := e.WriteTimeout; {
+	case t == nil:
+	case t.Off():
+		cfg.WriteTimeout = -1
+	default:
+		cfg.WriteTimeout = t.Duration()
+	}
+	return cfg
 }
 
 // stopExports shuts the NBD servers down (each answers what is in flight, bounded by its

@@ -58,6 +58,7 @@ func TestSessionFlood(t *testing.T) {
 	p := startProber(t, d.nbdSocket, lunSize/2)
 	m0 := d.metrics(t)
 	ch0 := sum(m0, "srpd_target_channels")
+	g0, hasG := m0["go_goroutines"]
 	devs := make([]*softroce.Device, floodSources)
 	for i := range devs {
 		devs[i] = clientDevice(t, d, fmt.Sprintf("127.0.0.%d", 10+i), floodSessions/floodSources+64)
@@ -165,15 +166,24 @@ func TestSessionFlood(t *testing.T) {
 	// Closing them all gives every channel back.
 	closeAll(d, sessions)
 	sessions = nil
-	var ch float64
+	// Nothing is left behind: the channels, and the goroutines that served them (a few may
+	// come and go: the bound allows floodGoroutineSlack).
+	const floodGoroutineSlack = 20
+	var ch, g float64
 	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
-		if ch = sum(d.metrics(t), "srpd_target_channels"); ch <= ch0 {
+		mt := d.metrics(t)
+		ch, g = sum(mt, "srpd_target_channels"), mt["go_goroutines"]
+		if ch <= ch0 && (!hasG || g <= g0+floodGoroutineSlack) {
 			break
 		}
 	}
-	t.Logf("session flood: after closing every flood session, srpd has %.0f target channels (%.0f before the flood), RSS %s", ch, ch0, mib(d.rss()))
+	t.Logf("session flood: after closing every flood session, srpd has %.0f target channels (%.0f before the flood), %.0f goroutines (%.0f before), RSS %s",
+		ch, ch0, g, g0, mib(d.rss()))
 	if ch > ch0 {
 		t.Errorf("session flood: %.0f target channels remain 30 s after every flood session closed; %.0f before", ch, ch0)
+	}
+	if hasG && g > g0+floodGoroutineSlack {
+		t.Errorf("session flood: srpd has %.0f goroutines 30 s after every flood session closed; %.0f before the flood (leak)", g, g0)
 	}
 	d.alive(t, "after closing the flood's sessions")
 }

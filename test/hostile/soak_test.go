@@ -21,12 +21,12 @@ import (
 )
 
 const (
-	soakSessions = 64
-	soakChannels = 4
-	soakWorkers  = 4 // per session; the initiator spreads requests over its channels round-robin
-	soakWarmup   = 15 * time.Second
-	soakDuration = 60 * time.Second
-	soakWindow   = 10 * time.Second
+	soakSessions        = 64
+	soakChannels        = 4
+	soakWorkers         = 4 // per session; the initiator spreads requests over its channels round-robin
+	soakWarmup          = 15 * time.Second
+	defaultSoakDuration = 60 * time.Second // SRPD_SOAK_DURATION overrides it (a Go duration, ≥ 30s)
+	soakWindow          = 10 * time.Second
 	// Flatness: the last window's median may exceed the first's by this factor plus this slack.
 	soakRSSFactor       = 1.10
 	soakRSSSlack        = 8 << 20
@@ -35,7 +35,7 @@ const (
 )
 
 // TestSoak holds soakSessions sessions × soakChannels channels against one target and runs
-// verified I/O on all of them for soakDuration (after soakWarmup), with the established NBD
+// verified I/O on all of them for 60 s (after soakWarmup), with the established NBD
 // export probed too. It requires 0 errors, every session's I/O progressing, and srpd's RSS and
 // goroutine count flat: the median of the last soakWindow at most soakRSSFactor × the first
 // window's median + soakRSSSlack (goroutines: soakGoroutineFactor, soakGoroutineSlack). Run by
@@ -43,6 +43,14 @@ const (
 func TestSoak(t *testing.T) {
 	if os.Getenv("SRPD_SOAK") != "1" {
 		t.Skip("SKIPPED: the soak runs only with SRPD_SOAK=1 (make soak); it takes about 90 s")
+	}
+	soakDuration := defaultSoakDuration
+	if v := os.Getenv("SRPD_SOAK_DURATION"); v != "" {
+		dur, err := time.ParseDuration(v)
+		if err != nil || dur < 3*soakWindow {
+			t.Fatalf("SRPD_SOAK_DURATION=%q: want a duration of at least %v", v, 3*soakWindow)
+		}
+		soakDuration = dur
 	}
 	d := startDaemon(t)
 	p := startProber(t, d.nbdSocket, lunSize/2)

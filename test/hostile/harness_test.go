@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -128,7 +127,6 @@ metrics:
 }
 
 type daemon struct {
-	t           *testing.T
 	dir         string
 	cmd         *exec.Cmd
 	pid         int
@@ -172,7 +170,7 @@ func startDaemon(t *testing.T) *daemon {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	d := &daemon{t: t, dir: dir, out: &syncBuffer{}, done: make(chan struct{}),
+	d := &daemon{dir: dir, out: &syncBuffer{}, done: make(chan struct{}),
 		udpPort: freeUDPPort(t), metricsPort: freeTCPPort(t), nbdSocket: filepath.Join(dir, "keep.nbd")}
 	d.budget = rssBudget(t)
 	cfg := filepath.Join(dir, "srpd.yaml")
@@ -453,8 +451,6 @@ func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 // selfRSS is this test process's resident set (the attackers' own cost).
 func selfRSS() int64 { return procStatusBytes(os.Getpid(), "VmRSS") }
-
-var errDead = errors.New("srpd exited")
 
 // attack runs one class of attack as a subtest while p keeps doing verified I/O, then checks
 // that srpd is alive and answers its control API, that its peak RSS is within the budget and

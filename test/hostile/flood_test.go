@@ -129,6 +129,10 @@ func TestSessionFlood(t *testing.T) {
 	for _, k := range sortedByCount(otherErrs) {
 		t.Logf("session flood: failed %d×: %s", otherErrs[k], k)
 	}
+	if mt, err := d.scrape(); err == nil {
+		t.Logf("session flood: the target has %.0f channels and %.1f GiB of registered (mapped) memory",
+			sum(mt, "srpd_target_channels"), sum(mt, "srpd_target_registered_memory_bytes")/(1<<30))
+	}
 	t.Logf("session flood: srpd reports %d target sessions; srpd peak RSS %s (VmHWM %s; budget %s = min(4 GiB, MemTotal/2)); this client's RSS %s",
 		st.Sessions, mib(peak), mib(d.peakRSS()), mib(d.budget), mib(selfRSS()))
 	w.check(t, "session flood")

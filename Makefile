@@ -4,7 +4,7 @@ PKGS     ?= ./...
 BENCHTIME ?= 1s
 TESTFLAGS ?= -race -timeout 20m
 
-.PHONY: all build test fmt-check vet unit model bench fuzz-smoke demo interop clean
+.PHONY: all build test fmt-check vet unit model bench fuzz-smoke demo interop clean test-hostile soak
 
 all: build
 
@@ -57,6 +57,21 @@ fuzz-smoke:
 
 demo:
 	$(GO) run ./cmd/srpd demo
+
+# Adversarial tests against a real srpd (test/hostile, build tag `hostile`): hostile RoCEv2
+# packets, CM garbage, a forged-REQ flood, a 2,000-session flood and NBD abuse from 127.0.0.x,
+# each followed by liveness, RSS-budget and verified-I/O checks. A few minutes; .ci/run runs it
+# after `make test`. Without -race: the daemon is built plainly, its memory is what is measured.
+# `make soak`: 64 sessions × 4 channels with verified I/O for 60 s, RSS and goroutines flat
+# (about 90 s; not in CI).
+HOSTILE_TIMEOUT ?= 10m
+test-hostile:
+	$(GO) vet -tags hostile ./test/hostile/
+	$(GO) test -tags hostile -count=1 -v -timeout $(HOSTILE_TIMEOUT) -skip '^TestSoak$$' ./test/hostile/
+
+soak:
+	$(GO) vet -tags hostile ./test/hostile/
+	SRPD_SOAK=1 $(GO) test -tags hostile -count=1 -v -timeout 5m -run '^TestSoak$$' ./test/hostile/
 
 clean:
 	$(GO) clean -testcache

@@ -28,6 +28,7 @@ var causeNames = func() []string {
 
 func (d *Daemon) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	e := d.collect()
+	e.processGauges()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	_, _ = e.WriteTo(w)
 }

@@ -2,8 +2,11 @@ package daemon
 
 import (
 	"bufio"
+	"bytes"
 	"io"
 	"math"
+	"os"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -76,6 +79,34 @@ type family struct {
 type expo struct {
 	fams []*family
 	idx  map[string]*family
+}
+
+// processGauges adds the standard process gauges of Prometheus client libraries (the names of
+// prometheus/client_golang's Go and process collectors): go_goroutines and, where /proc is
+// there, process_resident_memory_bytes. A goroutine or memory leak shows in them.
+func (e *expo) processGauges() {
+	e.gauge("go_goroutines", "Number of goroutines that currently exist.", float64(runtime.NumGoroutine()))
+	if rss, ok := residentBytes(); ok {
+		e.gauge("process_resident_memory_bytes", "Resident memory size in bytes.", float64(rss))
+	}
+}
+
+// residentBytes reads the resident set size from /proc/self/statm (its second field, in pages;
+// torvalds/linux:fs/proc/array.c proc_pid_statm).
+func residentBytes() (int64, bool) {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0, false
+	}
+	f := bytes.Fields(b)
+	if len(f) < 2 {
+		return 0, false
+	}
+	pages, err := strconv.ParseInt(string(f[1]), 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return pages * int64(os.Getpagesize()), true
 }
 
 func newExpo() *expo { return &expo{idx: map[string]*family{}} }

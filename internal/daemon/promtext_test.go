@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -41,5 +42,38 @@ func TestExposition(t *testing.T) {
 	// A family's samples stay together even when added apart.
 	if strings.Count(out, "# TYPE x_total") != 1 || strings.Index(out, "# TYPE y") < strings.LastIndex(out, "x_total{") {
 		t.Errorf("samples of x_total are not grouped:\n%s", out)
+	}
+}
+
+func TestProcessGauges(t *testing.T) {
+	e := newExpo()
+	e.processGauges()
+	var b bytes.Buffer
+	if _, err := e.WriteTo(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"# TYPE go_goroutines gauge\ngo_goroutines ",
+		"# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes ",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("exposition lacks %q:\n%s", want, out)
+		}
+	}
+	rss, ok := residentBytes()
+	if !ok || rss < 1<<20 {
+		t.Errorf("residentBytes = %d, %v; want at least 1 MiB for a running Go test", rss, ok)
+	}
+	var n int
+	for _, l := range strings.Split(out, "\n") {
+		if v, found := strings.CutPrefix(l, "go_goroutines "); found {
+			if _, err := fmt.Sscan(v, &n); err != nil || n < 1 {
+				t.Errorf("go_goroutines %q: want a positive count", v)
+			}
+		}
+	}
+	if n == 0 {
+		t.Errorf("no go_goroutines sample:\n%s", out)
 	}
 }

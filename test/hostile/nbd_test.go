@@ -1,0 +1,304 @@
+//go:build hostile
+
+package hostile
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// A minimal NBD client (fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies; the protocol of
+// NetworkBlockDevice/nbd:doc/proto.md), every operation under a deadline, and a prober that
+// runs verified I/O through it for as long as an attack lasts.
+
+const (
+	nbdOptMagic     = 0x49484156454F5054 // "IHAVEOPT"
+	nbdOptExport    = 1
+	nbdReqMagic     = 0x25609513
+	nbdReplyMagic   = 0x67446698
+	nbdCmdRead      = 0
+	nbdCmdWrite     = 1
+	nbdCmdDisc      = 2
+	nbdCmdFlush     = 3
+	nbdFlagFixed    = 1
+	nbdFlagNoZeroes = 2
+	nbdOpTimeout    = 10 * time.Second
+)
+
+var errNBDReplyMagic = errors.New("nbd: bad reply magic")
+
+// nbdError is an error reply (NBD_REPLY simple reply with a non-zero error).
+type nbdError struct{ code uint32 }
+
+func (e *nbdError) Error() string { return fmt.Sprintf("nbd: error reply %d", e.code) }
+
+type nbdClient struct {
+	c      net.Conn
+	size   int64
+	handle uint64
+}
+
+// nbdHandshake dials socket and negotiates the default export.
+func nbdHandshake(socket string) (*nbdClient, error) {
+	c, err := net.DialTimeout("unix", socket, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Now().Add(nbdOpTimeout))
+	var hello [18]byte
+	if _, err := io.ReadFull(c, hello[:]); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("nbd hello: %w", err)
+	}
+	if string(hello[:8]) != "NBDMAGIC" || binary.BigEndian.Uint64(hello[8:16]) != nbdOptMagic {
+		c.Close()
+		return nil, fmt.Errorf("nbd hello: not a newstyle server: %x", hello)
+	}
+	cflags := uint32(nbdFlagFixed)
+	if binary.BigEndian.Uint16(hello[16:])&nbdFlagNoZeroes != 0 {
+		cflags |= nbdFlagNoZeroes
+	}
+	opt := binary.BigEndian.AppendUint32(nil, cflags)
+	opt = binary.BigEndian.AppendUint64(opt, nbdOptMagic)
+	opt = binary.BigEndian.AppendUint32(opt, nbdOptExport)
+	opt = binary.BigEndian.AppendUint32(opt, 0)
+	if _, err := c.Write(opt); err != nil {
+		c.Close()
+		return nil, err
+	}
+	n := 10
+	if cflags&nbdFlagNoZeroes == 0 {
+		n += 124
+	}
+	rep := make([]byte, n)
+	if _, err := io.ReadFull(c, rep); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("nbd export: %w", err)
+	}
+	_ = c.SetDeadline(time.Time{})
+	return &nbdClient{c: c, size: int64(binary.BigEndian.Uint64(rep))}, nil
+}
+
+func nbdRequest(typ uint16, handle uint64, off uint64, length uint32) []byte {
+	req := binary.BigEndian.AppendUint32(make([]byte, 0, 28), nbdReqMagic)
+	req = binary.BigEndian.AppendUint16(req, 0)
+	req = binary.BigEndian.AppendUint16(req, typ)
+	req = binary.BigEndian.AppendUint64(req, handle)
+	req = binary.BigEndian.AppendUint64(req, off)
+	return binary.BigEndian.AppendUint32(req, length)
+}
+
+func (n *nbdClient) send(typ uint16, off uint64, length uint32, data []byte) error {
+	n.handle++
+	_ = n.c.SetDeadline(time.Now().Add(nbdOpTimeout))
+	_, err := n.c.Write(append(nbdRequest(typ, n.handle, off, length), data...))
+	return err
+}
+
+// reply reads one simple reply for the last request (and its data into data on success).
+func (n *nbdClient) reply(data []byte) error {
+	var r [16]byte
+	if _, err := io.ReadFull(n.c, r[:]); err != nil {
+		return err
+	}
+	if binary.BigEndian.Uint32(r[:]) != nbdReplyMagic {
+		return fmt.Errorf("%w: %x", errNBDReplyMagic, r[:4])
+	}
+	if h := binary.BigEndian.Uint64(r[8:]); h != n.handle {
+		return fmt.Errorf("nbd: reply for handle %d, want %d", h, n.handle)
+	}
+	if e := binary.BigEndian.Uint32(r[4:]); e != 0 {
+		return &nbdError{e}
+	}
+	if data != nil {
+		_, err := io.ReadFull(n.c, data)
+		return err
+	}
+	return nil
+}
+
+func (n *nbdClient) WriteAt(p []byte, off int64) error {
+	if err := n.send(nbdCmdWrite, uint64(off), uint32(len(p)), p); err != nil {
+		return err
+	}
+	return n.reply(nil)
+}
+
+func (n *nbdClient) ReadAt(p []byte, off int64) error {
+	if err := n.send(nbdCmdRead, uint64(off), uint32(len(p)), nil); err != nil {
+		return err
+	}
+	return n.reply(p)
+}
+
+func (n *nbdClient) Close() error {
+	_ = n.send(nbdCmdDisc, 0, 0, nil)
+	return n.c.Close()
+}
+
+// prober runs verified I/O on an NBD export in a loop: a random pattern written at a random
+// offset of its region, read back and compared. It records each pair's latency and every
+// failure with its time.
+type prober struct {
+	c           *nbdClient
+	socket      string
+	region      int64 // bytes [0, region) of the export
+	stop, done  chan struct{}
+	mu          sync.Mutex
+	lat         []time.Duration // per verified write+read pair
+	at          []time.Time     // completion times
+	errs        []string
+	bytesVerify int64
+}
+
+func startProber(t *testing.T, socket string, region int64) *prober {
+	t.Helper()
+	c, err := nbdHandshake(socket)
+	if err != nil {
+		t.Fatalf("prober: NBD handshake on %s: %v", socket, err)
+	}
+	if c.size < region {
+		t.Fatalf("prober: export is %d bytes, want at least %d", c.size, region)
+	}
+	p := &prober{c: c, socket: socket, region: region, stop: make(chan struct{}), done: make(chan struct{})}
+	go p.run()
+	t.Cleanup(func() { p.end() })
+	return p
+}
+
+func (p *prober) run() {
+	defer close(p.done)
+	defer p.c.Close()
+	rng := rand.New(rand.NewPCG(17, 23))
+	const maxLen = 64 << 10
+	buf, got := make([]byte, maxLen), make([]byte, maxLen)
+	for {
+		select {
+		case <-p.stop:
+			return
+		default:
+		}
+		n := int(1+rng.IntN(maxLen/4096)) * 4096
+		off := rng.Int64N((p.region-int64(n))/4096+1) * 4096
+		for i := range buf[:n] {
+			buf[i] = byte(rng.Uint32())
+		}
+		start := time.Now()
+		err := p.c.WriteAt(buf[:n], off)
+		if err == nil {
+			err = p.c.ReadAt(got[:n], off)
+			if err == nil && !bytes.Equal(buf[:n], got[:n]) {
+				err = fmt.Errorf("read back %d bytes at %d differ from what was written", n, off)
+			}
+		}
+		now := time.Now()
+		p.mu.Lock()
+		if err != nil {
+			p.errs = append(p.errs, fmt.Sprintf("%s: %v", now.Format("15:04:05.000"), err))
+		} else {
+			p.lat = append(p.lat, now.Sub(start))
+			p.at = append(p.at, now)
+			p.bytesVerify += int64(n)
+		}
+		p.mu.Unlock()
+		if err != nil {
+			// The connection may be unusable now: reconnect (bounded by the handshake's
+			// timeouts) so that one failure does not hide whether I/O recovers.
+			p.c.Close()
+			c, herr := nbdHandshake(p.socket)
+			if herr != nil {
+				p.mu.Lock()
+				p.errs = append(p.errs, "reconnect: "+herr.Error())
+				p.mu.Unlock()
+				select {
+				case <-p.stop:
+					return
+				case <-time.After(time.Second):
+				}
+				continue
+			}
+			p.c = c
+		}
+	}
+}
+
+func (p *prober) end() {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	<-p.done
+}
+
+// mark is a position in the prober's record.
+type mark struct {
+	ios, errs int
+	at        time.Time
+}
+
+func (p *prober) mark() mark {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return mark{len(p.lat), len(p.errs), time.Now()}
+}
+
+// window summarises the verified I/O since m.
+type window struct {
+	ios           int
+	errs          []string
+	p50, p99, max time.Duration
+	maxGap        time.Duration // longest time without a verified I/O completing
+}
+
+func (p *prober) since(m mark) window {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w := window{ios: len(p.lat) - m.ios, errs: slices.Clone(p.errs[m.errs:])}
+	lat := slices.Clone(p.lat[m.ios:])
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		w.p50, w.p99, w.max = lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1]
+	}
+	prev := m.at
+	for _, at := range p.at[m.ios:] {
+		w.maxGap = max(w.maxGap, at.Sub(prev))
+		prev = at
+	}
+	w.maxGap = max(w.maxGap, time.Since(prev))
+	return w
+}
+
+func (w window) String() string {
+	return fmt.Sprintf("%d verified I/Os (write+read pairs of 4-64 KiB), latency p50 %v p99 %v max %v, longest gap %v, %d errors",
+		w.ios, w.p50.Round(time.Microsecond), w.p99.Round(time.Microsecond), w.max.Round(time.Microsecond),
+		w.maxGap.Round(time.Millisecond), len(w.errs))
+}
+
+// maxIOGap bounds the time the established export may go without a verified I/O during an
+// attack: an attack may slow it, never stall it.
+const maxIOGap = 5 * time.Second
+
+// check fails the test unless the window has verified I/O, no error and no stall.
+func (w window) check(t *testing.T, phase string) {
+	t.Helper()
+	t.Logf("%s: established NBD export: %v", phase, w)
+	if len(w.errs) > 0 {
+		t.Errorf("%s: verified I/O on the established export failed %d times; first: %s", phase, len(w.errs), w.errs[0])
+	}
+	if w.ios == 0 {
+		t.Errorf("%s: no verified I/O completed on the established export", phase)
+	}
+	if w.maxGap > maxIOGap {
+		t.Errorf("%s: the established export went %v without a verified I/O (bound %v)", phase, w.maxGap, maxIOGap)
+	}
+}

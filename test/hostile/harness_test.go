@@ -87,7 +87,7 @@ const (
 // with its own UDP port, one target open to any initiator (as the demo configuration) with
 // two RAM LUNs, and one session of the daemon to its own target that exports LUN 0 over NBD.
 // No limits: the defaults are what is under test.
-func daemonConfig(dir string, udpPort, metricsPort int) string {
+func daemonConfig(dir string, udpPort, metricsPort int, targetExtra string) string {
 	return fmt.Sprintf(`version: 1
 transports:
   - name: lo
@@ -106,7 +106,7 @@ targets:
         size: %d
     acls:
       - initiator: "*"
-sessions:
+%ssessions:
   - name: keep
     address: 127.0.0.1
     port: %d
@@ -122,7 +122,7 @@ logging:
   level: info
 metrics:
   listen: 127.0.0.1:%d
-`, udpPort, targetPortIDHex, targetCMPort, lunSize, lunSize, targetCMPort, targetPortIDHex,
+`, udpPort, targetPortIDHex, targetCMPort, lunSize, lunSize, targetExtra, targetCMPort, targetPortIDHex,
 		filepath.Join(dir, "keep.nbd"), filepath.Join(dir, "ctl.sock"), metricsPort)
 }
 
@@ -164,6 +164,13 @@ func (s *syncBuffer) String() string {
 // socket answers and its session "keep" runs with the NBD export in place.
 func startDaemon(t *testing.T) *daemon {
 	t.Helper()
+	return startDaemonWith(t, "")
+}
+
+// startDaemonWith is startDaemon with extra YAML lines in the target's section (indented by
+// four spaces, e.g. "    limits:\n      queue_depth: 16\n").
+func startDaemonWith(t *testing.T, targetExtra string) *daemon {
+	t.Helper()
 	bin := srpdBinary(t)
 	dir, err := os.MkdirTemp("", "srpd-hostile-") // short: unix socket paths are limited to 107 bytes
 	if err != nil {
@@ -174,7 +181,7 @@ func startDaemon(t *testing.T) *daemon {
 		udpPort: freeUDPPort(t), metricsPort: freeTCPPort(t), nbdSocket: filepath.Join(dir, "keep.nbd")}
 	d.budget = rssBudget(t)
 	cfg := filepath.Join(dir, "srpd.yaml")
-	if err := os.WriteFile(cfg, []byte(daemonConfig(dir, d.udpPort, d.metricsPort)), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(daemonConfig(dir, d.udpPort, d.metricsPort, targetExtra)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	d.cmd = exec.Command(bin, "-c", cfg, "--log-format", "json")

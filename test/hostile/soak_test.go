@@ -52,7 +52,10 @@ func TestSoak(t *testing.T) {
 		}
 		soakDuration = dur
 	}
-	d := startDaemon(t)
+	// 256 channels at the default queue depth (128 × 1 MiB each) would be 33 GiB of registered
+	// memory, over the default budget (half of MemTotal): a smaller queue depth, as an
+	// operator serving this many initiators would configure.
+	d := startDaemonWith(t, "    limits:\n      queue_depth: 16\n")
 	p := startProber(t, d.nbdSocket, lunSize/2)
 	devs := make([]*softroce.Device, 4)
 	for i := range devs {

@@ -1464,25 +1464,7 @@ func (c *channel) teardown(cause error) {
 		c.log.Warn("destroying QP", zap.Error(err))
 	}
 	// Give every handle back and end the commands that got no answer: they are re-issued.
-	var give []*frpool.Reg
-	c.mu.Lock()
-	for i := range c.reqs {
-		r := &c.reqs[i]
-		if r.state != reqInflight {
-			continue
-		}
-		for j := 0; j < r.nregs; j++ {
-			if !r.given[j] {
-				give = append(give, r.regs[j])
-				r.given[j] = true
-				r.ungiven--
-			}
-		}
-	}
-	c.mu.Unlock()
-	for _, reg := range give {
-		_ = c.pool.Invalidate(reg)
-	}
+	c.giveBackRegs()
 	c.mu.Lock()
 	for i := range c.reqs {
 		r := &c.reqs[i]
@@ -1505,4 +1487,28 @@ func (c *channel) teardown(cause error) {
 	c.pollMu.Lock()
 	c.runAsync()
 	c.pollMu.Unlock()
+}
+
+// giveBackRegs gives the pool every registration handle that in-flight requests still hold
+// (after a QP error: the pool invalidates them, none of them is live on the wire any more).
+func (c *channel) giveBackRegs() {
+	var give []*frpool.Reg
+	c.mu.Lock()
+	for i := range c.reqs {
+		r := &c.reqs[i]
+		if r.state != reqInflight {
+			continue
+		}
+		for j := 0; j < r.nregs; j++ {
+			if !r.given[j] {
+				give = append(give, r.regs[j])
+				r.given[j] = true
+				r.ungiven--
+			}
+		}
+	}
+	c.mu.Unlock()
+	for _, reg := range give {
+		_ = c.pool.Invalidate(reg)
+	}
 }

@@ -13,7 +13,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/srpd/srpd/frpool"
 	"github.com/srpd/srpd/internal/fuzzbound"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
@@ -121,22 +120,7 @@ func (h *iuHarness) close() {
 		<-h.tmRes
 	}
 	c.pool.HandleQPError(errors.New("fuzz input done"))
-	var give []*frpool.Reg
-	c.mu.Lock()
-	for i := range c.reqs {
-		r := &c.reqs[i]
-		for j := 0; r.state == reqInflight && j < r.nregs; j++ {
-			if !r.given[j] {
-				give = append(give, r.regs[j])
-				r.given[j] = true
-				r.ungiven--
-			}
-		}
-	}
-	c.mu.Unlock()
-	for _, reg := range give {
-		_ = c.pool.Invalidate(reg)
-	}
+	c.giveBackRegs()
 	c.release()
 }
 

@@ -58,103 +58,78 @@ func (d *faultDev) leaks() map[string]int {
 	return out
 }
 
-func (d *faultDev) AllocPD() (transport.PD, error) {
-	if err := d.step("AllocPD"); err != nil {
-		return nil, err
+// create is one resource step: it fails if it is the failAt-th, else creates the object and
+// counts it live (as kind) until the wrapper wrap returns is closed.
+func create[T, W any](d *faultDev, step, kind string, mk func() (T, error), wrap func(T, *live) W) (W, error) {
+	var zero W
+	if err := d.step(step); err != nil {
+		return zero, err
 	}
-	pd, err := d.Device.AllocPD()
+	v, err := mk()
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
-	d.add("PD", 1)
-	return &faultPD{PD: pd, d: d}, nil
+	d.add(kind, 1)
+	return wrap(v, &live{d: d, kind: kind}), nil
+}
+
+// live is an object counted by faultDev until its first close.
+type live struct {
+	d    *faultDev
+	kind string
+	once sync.Once
+}
+
+func (l *live) closed() { l.once.Do(func() { l.d.add(l.kind, -1) }) }
+
+func (d *faultDev) AllocPD() (transport.PD, error) {
+	return create(d, "AllocPD", "PD", d.Device.AllocPD,
+		func(v transport.PD, l *live) transport.PD { return &faultPD{PD: v, d: d, l: l} })
 }
 
 func (d *faultDev) CreateCQ(n int) (transport.CQ, error) {
-	if err := d.step("CreateCQ"); err != nil {
-		return nil, err
-	}
-	cq, err := d.Device.CreateCQ(n)
-	if err != nil {
-		return nil, err
-	}
-	d.add("CQ", 1)
-	return &faultCQ{CQ: cq, d: d}, nil
+	return create(d, "CreateCQ", "CQ", func() (transport.CQ, error) { return d.Device.CreateCQ(n) },
+		func(v transport.CQ, l *live) transport.CQ { return &faultCQ{CQ: v, l: l} })
 }
 
 func (d *faultDev) AllocMemory(n int) (transport.Memory, error) {
-	if err := d.step("AllocMemory"); err != nil {
-		return nil, err
-	}
-	m, err := d.Device.AllocMemory(n)
-	if err != nil {
-		return nil, err
-	}
-	d.add("Memory", 1)
-	return &faultMem{Memory: m, d: d}, nil
+	return create(d, "AllocMemory", "Memory", func() (transport.Memory, error) { return d.Device.AllocMemory(n) },
+		func(v transport.Memory, l *live) transport.Memory { return &faultMem{Memory: v, l: l} })
 }
 
 type faultCQ struct {
 	transport.CQ
-	d    *faultDev
-	once sync.Once
+	l *live
 }
 
-func (c *faultCQ) Close() error {
-	c.once.Do(func() { c.d.add("CQ", -1) })
-	return c.CQ.Close()
-}
+func (c *faultCQ) Close() error { c.l.closed(); return c.CQ.Close() }
 
 type faultMem struct {
 	transport.Memory
-	d    *faultDev
-	once sync.Once
+	l *live
 }
 
-func (m *faultMem) Free() error {
-	m.once.Do(func() { m.d.add("Memory", -1) })
-	return m.Memory.Free()
-}
+func (m *faultMem) Free() error { m.l.closed(); return m.Memory.Free() }
 
 type faultPD struct {
 	transport.PD
-	d    *faultDev
-	once sync.Once
+	d *faultDev
+	l *live
 }
 
-func (p *faultPD) Close() error {
-	p.once.Do(func() { p.d.add("PD", -1) })
-	return p.PD.Close()
-}
+func (p *faultPD) Close() error { p.l.closed(); return p.PD.Close() }
+
+func wrapMR(v transport.MR, l *live) transport.MR { return &faultMR{MR: v, l: l} }
 
 func (p *faultPD) RegMR(addr, n uint64, a transport.Access) (transport.MR, error) {
-	if err := p.d.step("RegMR"); err != nil {
-		return nil, err
-	}
-	mr, err := p.PD.RegMR(addr, n, a)
-	if err != nil {
-		return nil, err
-	}
-	p.d.add("MR", 1)
-	return &faultMR{MR: mr, d: p.d}, nil
+	return create(p.d, "RegMR", "MR", func() (transport.MR, error) { return p.PD.RegMR(addr, n, a) }, wrapMR)
 }
 
 func (p *faultPD) AllocFastRegMR(pages int) (transport.MR, error) {
-	if err := p.d.step("AllocFastRegMR"); err != nil {
-		return nil, err
-	}
-	mr, err := p.PD.AllocFastRegMR(pages)
-	if err != nil {
-		return nil, err
-	}
-	p.d.add("MR", 1)
-	return &faultMR{MR: mr, d: p.d}, nil
+	return create(p.d, "AllocFastRegMR", "MR", func() (transport.MR, error) { return p.PD.AllocFastRegMR(pages) }, wrapMR)
 }
 
 func (p *faultPD) CreateQP(attr transport.QPInitAttr) (transport.QP, error) {
-	if err := p.d.step("CreateQP"); err != nil {
-		return nil, err
-	}
 	// The engine wants its own CQs.
 	if c, ok := attr.SendCQ.(*faultCQ); ok {
 		attr.SendCQ = c.CQ
@@ -162,35 +137,24 @@ func (p *faultPD) CreateQP(attr transport.QPInitAttr) (transport.QP, error) {
 	if c, ok := attr.RecvCQ.(*faultCQ); ok {
 		attr.RecvCQ = c.CQ
 	}
-	qp, err := p.PD.CreateQP(attr)
-	if err != nil {
-		return nil, err
-	}
-	p.d.add("QP", 1)
-	return &faultQP{QP: qp, d: p.d}, nil
+	return create(p.d, "CreateQP", "QP", func() (transport.QP, error) { return p.PD.CreateQP(attr) },
+		func(v transport.QP, l *live) transport.QP { return &faultQP{QP: v, d: p.d, l: l} })
 }
 
 type faultMR struct {
 	transport.MR
-	d    *faultDev
-	once sync.Once
+	l *live
 }
 
-func (m *faultMR) Close() error {
-	m.once.Do(func() { m.d.add("MR", -1) })
-	return m.MR.Close()
-}
+func (m *faultMR) Close() error { m.l.closed(); return m.MR.Close() }
 
 type faultQP struct {
 	transport.QP
-	d    *faultDev
-	once sync.Once
+	d *faultDev
+	l *live
 }
 
-func (q *faultQP) Close() error {
-	q.once.Do(func() { q.d.add("QP", -1) })
-	return q.QP.Close()
-}
+func (q *faultQP) Close() error { q.l.closed(); return q.QP.Close() }
 
 func (q *faultQP) Modify(attr *transport.QPAttr, mask transport.QPAttrMask) error {
 	if err := q.d.step("Modify"); err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/ctlapi"
+	"github.com/srpd/srpd/internal/testutil"
 )
 
 const (
@@ -76,10 +77,10 @@ metrics:
 // session survives, SIGTERM with exit 0, and nothing lost: the file backend holds every byte,
 // and a new daemon started from the persisted configuration serves them again.
 func TestDaemonEndToEnd(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "srpd-")
 	cfgPath := filepath.Join(dir, "srpd.yaml")
-	metricsPort := freeTCPPort(t)
-	if err := os.WriteFile(cfgPath, []byte(e2eConfig(dir, freeUDPPort(t), metricsPort)), 0o640); err != nil {
+	metricsPort := testutil.FreeTCPPort(t)
+	if err := os.WriteFile(cfgPath, []byte(e2eConfig(dir, testutil.FreeUDPPort(t), metricsPort)), 0o640); err != nil {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "ctl.sock")
@@ -298,7 +299,7 @@ func TestDaemonEndToEnd(t *testing.T) {
 		t.Fatalf("the file backend differs from what was written (%d bytes written through NBD)", written)
 	}
 	// ...and a new daemon started from the persisted configuration serves them again.
-	n2 := newNotifySocket(t, shortTempDir(t))
+	n2 := newNotifySocket(t, testutil.ShortTempDir(t, "srpd-"))
 	d2 := startDaemon(t, cfgPath, n2)
 	n2.wait(t, "READY=1", 60*time.Second)
 	var cs ctlapi.ConnectionList
@@ -411,10 +412,10 @@ control:
 // WATCHDOG=1 at half of WATCHDOG_USEC, RELOADING=1 with MONOTONIC_USEC then READY=1 around a
 // SIGHUP, STOPPING=1 on SIGTERM, exit 0.
 func TestNotifyProtocol(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "srpd-")
 	sock := filepath.Join(dir, "ctl.sock")
 	cfg := filepath.Join(dir, "srpd.yaml")
-	if err := os.WriteFile(cfg, []byte(minimalConfig(dir, freeUDPPort(t), sock)), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(minimalConfig(dir, testutil.FreeUDPPort(t), sock)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	n := newNotifySocket(t, dir)
@@ -458,7 +459,7 @@ func TestNotifyProtocol(t *testing.T) {
 // problem, with exit code 1; nothing starts.
 func TestBadConfig(t *testing.T) {
 	srpd, _ := binaries(t)
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "srpd-")
 	bad := filepath.Join(dir, "bad.yaml")
 	if err := os.WriteFile(bad, []byte(`version: 1
 transports:
@@ -520,7 +521,7 @@ logging:
 	}
 	// A start-up failure (a file LUN whose file is missing) is an error too.
 	fail := filepath.Join(dir, "fail.yaml")
-	cfg := minimalConfig(dir, freeUDPPort(t), filepath.Join(dir, "f.sock"))
+	cfg := minimalConfig(dir, testutil.FreeUDPPort(t), filepath.Join(dir, "f.sock"))
 	cfg = strings.Replace(cfg, "        backend: ram\n        size: 1MiB\n",
 		"        backend: file\n        path: "+filepath.Join(dir, "nope.img")+"\n", 1)
 	if err := os.WriteFile(fail, []byte(cfg), 0o600); err != nil {
@@ -538,7 +539,7 @@ logging:
 // second srpd exit non-zero with a clear message (the first keeps running); a path that is
 // not a socket is refused and left alone.
 func TestControlSocket(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "srpd-")
 	sock := filepath.Join(dir, "ctl.sock")
 	// A stale socket: bound, then closed without unlinking (a daemon that was killed).
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
@@ -551,7 +552,7 @@ func TestControlSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfgA := filepath.Join(dir, "a.yaml")
-	if err := os.WriteFile(cfgA, []byte(minimalConfig(dir, freeUDPPort(t), sock)), 0o600); err != nil {
+	if err := os.WriteFile(cfgA, []byte(minimalConfig(dir, testutil.FreeUDPPort(t), sock)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	n := newNotifySocket(t, dir)
@@ -574,7 +575,7 @@ func TestControlSocket(t *testing.T) {
 
 	// A second daemon on the same socket (its own UDP port) must refuse to start.
 	cfgB := filepath.Join(dir, "b.yaml")
-	if err := os.WriteFile(cfgB, []byte(minimalConfig(dir, freeUDPPort(t), sock)), 0o600); err != nil {
+	if err := os.WriteFile(cfgB, []byte(minimalConfig(dir, testutil.FreeUDPPort(t), sock)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	b := startDaemon(t, cfgB, nil)
@@ -595,7 +596,7 @@ func TestControlSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfgC := filepath.Join(dir, "c.yaml")
-	if err := os.WriteFile(cfgC, []byte(minimalConfig(dir, freeUDPPort(t), plain)), 0o600); err != nil {
+	if err := os.WriteFile(cfgC, []byte(minimalConfig(dir, testutil.FreeUDPPort(t), plain)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	c := startDaemon(t, cfgC, nil)
@@ -620,7 +621,7 @@ func TestControlSocket(t *testing.T) {
 //
 //	go test -run TestReadyTimeAndRSS -v ./cmd/srpd/
 func TestReadyTimeAndRSS(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "srpd-")
 	data, err := os.ReadFile("../../configs/demo-loopback.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -628,7 +629,7 @@ func TestReadyTimeAndRSS(t *testing.T) {
 	cfg := string(data)
 	cfg = strings.ReplaceAll(cfg, "/tmp/srpd-demo.sock", filepath.Join(dir, "ctl.sock"))
 	cfg = strings.ReplaceAll(cfg, "/tmp/srpd-demo-lun0.nbd", filepath.Join(dir, "lun0.nbd"))
-	cfg = strings.Replace(cfg, "    address: 127.0.0.1\n", fmt.Sprintf("    address: 127.0.0.1\n    udp_port: %d\n", freeUDPPort(t)), 1)
+	cfg = strings.Replace(cfg, "    address: 127.0.0.1\n", fmt.Sprintf("    address: 127.0.0.1\n    udp_port: %d\n", testutil.FreeUDPPort(t)), 1)
 	if cfg == string(data) {
 		t.Fatal("could not rewrite the demo configuration")
 	}
@@ -690,9 +691,9 @@ func vmRSS(t *testing.T, pid int) int64 {
 // nobody answers on) cuts the start-up short: no READY=1, STOPPING=1, exit 0, well before the
 // login would have timed out.
 func TestStopDuringStart(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "srpd-")
 	sock := filepath.Join(dir, "ctl.sock")
-	cfg := minimalConfig(dir, freeUDPPort(t), sock) + `sessions:
+	cfg := minimalConfig(dir, testutil.FreeUDPPort(t), sock) + `sessions:
   - name: nowhere
     address: 127.0.0.2
     target_port_id: ` + t1PortID + `

@@ -76,39 +76,6 @@ func runtimeGOROOT() string {
 	return "/usr/local/go"
 }
 
-// freeUDPPort returns a UDP port that was free a moment ago on 127.0.0.1.
-func freeUDPPort(t *testing.T) int {
-	t.Helper()
-	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).Port
-}
-
-func freeTCPPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// shortTempDir is a temporary directory with a short path (unix socket paths are limited to
-// 107 bytes, and t.TempDir() embeds the test name).
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "srpd-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
-}
-
 // ---------------------------------------------------------------------------------------------
 // A fake systemd: the NOTIFY_SOCKET end.
 

@@ -18,27 +18,8 @@ import (
 
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/ctlapi"
+	"github.com/srpd/srpd/internal/testutil"
 )
-
-func freeUDPPort(t *testing.T) int {
-	t.Helper()
-	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).Port
-}
-
-func shortDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "srpd-d-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
-}
 
 const (
 	portA = "0x000000000000000a000000000000000a"
@@ -87,9 +68,9 @@ type harness struct {
 
 func startHarness(t *testing.T) *harness {
 	t.Helper()
-	dir := shortDir(t)
+	dir := testutil.ShortTempDir(t, "srpd-d-")
 	path := filepath.Join(dir, "srpd.yaml")
-	if err := os.WriteFile(path, []byte(testConfig(dir, freeUDPPort(t))), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(testConfig(dir, testutil.FreeUDPPort(t))), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := config.Load(path)
@@ -277,7 +258,7 @@ func TestServiceInProcess(t *testing.T) {
 }
 
 func TestPrepareSocket(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortTempDir(t, "srpd-d-")
 	log := zap.NewNop()
 	// Missing: fine, and its directory is created.
 	p := filepath.Join(dir, "sub", "s.sock")

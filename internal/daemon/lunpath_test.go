@@ -16,6 +16,7 @@ import (
 
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/ctlapi"
+	"github.com/srpd/srpd/internal/testutil"
 	"github.com/srpd/srpd/scsi/backend"
 )
 
@@ -39,7 +40,7 @@ type pathFixture struct {
 
 func newPathFixture(t *testing.T) *pathFixture {
 	t.Helper()
-	f := &pathFixture{dir: shortDir(t)}
+	f := &pathFixture{dir: testutil.ShortTempDir(t, "srpd-d-")}
 	for _, d := range []string{"etc", "run", "luns", "other"} {
 		if err := os.Mkdir(filepath.Join(f.dir, d), 0o700); err != nil {
 			t.Fatal(err)
@@ -214,7 +215,7 @@ targets:
       - {id: 0, backend: ram, size: 1MiB}
 control:
   socket: %s
-%s`, freeUDPPort(t), portA, f.ctl, extra)
+%s`, testutil.FreeUDPPort(t), portA, f.ctl, extra)
 	f.configData = []byte(src)
 	if err := os.WriteFile(f.config, f.configData, 0o600); err != nil {
 		t.Fatal(err)
@@ -311,7 +312,7 @@ targets:
       - {id: 0, backend: file, path: %s, size: 1MiB}
 control:
   socket: %s
-`, freeUDPPort(t), portA, f.config, f.ctl)
+`, testutil.FreeUDPPort(t), portA, f.config, f.ctl)
 	f.configData = []byte(src)
 	if err := os.WriteFile(f.config, f.configData, 0o600); err != nil {
 		t.Fatal(err)

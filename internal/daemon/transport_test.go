@@ -17,6 +17,7 @@ import (
 
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/ctlapi"
+	"github.com/srpd/srpd/internal/testutil"
 	"github.com/srpd/srpd/transport"
 	"github.com/srpd/srpd/transport/softroce"
 	"github.com/srpd/srpd/transport/softroce/link"
@@ -65,7 +66,7 @@ func TestOpenTransportVerbsErrors(t *testing.T) {
 // from a session on a softroce transport: the daemon wiring (listen addresses, dial, metrics,
 // transport info) must work with any transport.Device.
 func TestVerbsTransportInDaemon(t *testing.T) {
-	port := freeUDPPort(t)
+	port := testutil.FreeUDPPort(t)
 	vAddr := netip.MustParseAddr("127.0.0.2")
 	defer func(f func(string, verbs.Config) (transport.Device, error)) { openVerbs = f }(openVerbs)
 	openVerbs = func(name string, cfg verbs.Config) (transport.Device, error) {
@@ -83,7 +84,7 @@ func TestVerbsTransportInDaemon(t *testing.T) {
 			netip.MustParseAddrPort("[fe80::5054:ff:fe77:1]:4791"), netip.AddrPortFrom(vAddr, 4791)}}, nil
 	}
 
-	dir := shortDir(t)
+	dir := testutil.ShortTempDir(t, "srpd-d-")
 	path := filepath.Join(dir, "srpd.yaml")
 	if err := os.WriteFile(path, []byte(testConfig(dir, port)), 0o600); err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 	"time"
 
 	"github.com/srpd/srpd/internal/ctlapi"
+	"github.com/srpd/srpd/internal/testutil"
 )
 
 // The daemon under attack: srpd built once per test run (without -race: the race detector's
@@ -178,7 +178,7 @@ func startDaemonWith(t *testing.T, targetExtra string) *daemon {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	d := &daemon{dir: dir, out: &syncBuffer{}, done: make(chan struct{}),
-		udpPort: freeUDPPort(t), metricsPort: freeTCPPort(t), nbdSocket: filepath.Join(dir, "keep.nbd")}
+		udpPort: testutil.FreeUDPPort(t), metricsPort: testutil.FreeTCPPort(t), nbdSocket: filepath.Join(dir, "keep.nbd")}
 	d.budget = rssBudget(t)
 	cfg := filepath.Join(dir, "srpd.yaml")
 	if err := os.WriteFile(cfg, []byte(daemonConfig(dir, d.udpPort, d.metricsPort, targetExtra)), 0o600); err != nil {
@@ -424,26 +424,6 @@ func (s *rssSampler) end() int64 {
 		return 0
 	}
 	return slices.Max(s.samples)
-}
-
-func freeUDPPort(t *testing.T) int {
-	t.Helper()
-	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).Port
-}
-
-func freeTCPPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func tailLines(s string, n int) string {

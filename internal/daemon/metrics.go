@@ -169,9 +169,10 @@ func (d *Daemon) collect() *expo {
 			ls := []string{"connection", name, "lun", strconv.Itoa(x.lun)}
 			if x.srv != nil {
 				ns := x.srv.Stats()
-				var reads, writes, br, bw, errs, reqs uint64
+				var reads, writes, br, bw, errs, reqs, stalled uint64
 				conns := 0
 				for _, ex := range ns.Exports {
+					stalled += ex.StalledClosed
 					reads += ex.Reads
 					writes += ex.Writes
 					br += ex.BytesRead
@@ -187,6 +188,10 @@ func (d *Daemon) collect() *expo {
 				e.counter("srpd_nbd_read_bytes_total", "Bytes sent in NBD read replies.", br, ls...)
 				e.counter("srpd_nbd_written_bytes_total", "Bytes of successful NBD writes.", bw, ls...)
 				e.counter("srpd_nbd_errors_total", "NBD replies with an error.", errs, ls...)
+				e.counter("srpd_nbd_stalled_closed_total", "NBD connections closed because their client did not read replies within write_timeout.", stalled, ls...)
+				e.counter("srpd_nbd_refused_total", "NBD connections refused for max_connections.", ns.Refused, ls...)
+				e.gauge("srpd_nbd_buffer_bytes", "Bytes held in an export's request buffers (in use or free).", float64(ns.BufferBytes), ls...)
+				e.gauge("srpd_nbd_buffer_budget_bytes", "An export's request buffer budget.", float64(ns.BufferBudget), ls...)
 			}
 			for _, op := range []struct {
 				n string

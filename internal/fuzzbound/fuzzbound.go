@@ -30,9 +30,10 @@ func Bound() time.Duration {
 	return Default
 }
 
-// Run runs fn and fails t if it has not returned within Bound(). fn runs on another goroutine;
-// it must not call t.FailNow (use t.Error). A panic in fn is re-raised on the caller's
-// goroutine so that the fuzzer records the input.
+// Run runs fn and fails t if it has not returned within Bound(). fn runs on another goroutine:
+// prefer t.Error in it; a t.Fatal (runtime.Goexit) there ends fn and then the test, through
+// t.FailNow on the caller's goroutine. A panic in fn is re-raised on the caller's goroutine so
+// that the fuzzer records the input.
 func Run(t testing.TB, fn func()) {
 	t.Helper()
 	RunWithin(t, Bound(), fn)
@@ -41,19 +42,31 @@ func Run(t testing.TB, fn func()) {
 // RunWithin is Run with an explicit bound.
 func RunWithin(t testing.TB, d time.Duration, fn func()) {
 	t.Helper()
-	done := make(chan any, 1)
+	type outcome struct {
+		p      any
+		goexit bool
+	}
+	done := make(chan outcome, 1)
 	go func() {
-		var p any
-		defer func() { done <- p }()
-		defer func() { p = recover() }()
+		var o outcome
+		returned := false
+		defer func() { done <- o }()
+		defer func() {
+			o.p = recover()
+			o.goexit = o.p == nil && !returned
+		}()
 		fn()
+		returned = true
 	}()
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
-	case p := <-done:
-		if p != nil {
-			panic(p)
+	case o := <-done:
+		if o.p != nil {
+			panic(o.p)
+		}
+		if o.goexit {
+			t.FailNow()
 		}
 	case <-timer.C:
 		buf := make([]byte, 1<<20)

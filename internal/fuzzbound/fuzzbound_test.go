@@ -1,6 +1,7 @@
 package fuzzbound
 
 import (
+	"runtime"
 	"testing"
 	"time"
 )
@@ -8,13 +9,15 @@ import (
 // fakeTB records a Fatalf without stopping the test goroutine.
 type fakeTB struct {
 	testing.TB
-	fatal string
+	fatal     string
+	failedNow bool
 }
 
 func (f *fakeTB) Helper() {}
 func (f *fakeTB) Fatalf(format string, args ...any) {
 	f.fatal = format
 }
+func (f *fakeTB) FailNow() { f.failedNow = true }
 
 func TestRunReturns(t *testing.T) {
 	ran := false
@@ -52,5 +55,13 @@ func TestBoundEnv(t *testing.T) {
 	t.Setenv("SRPD_FUZZ_INPUT_TIMEOUT", "junk")
 	if Bound() != Default {
 		t.Fatalf("Bound() = %v with a bad value", Bound())
+	}
+}
+
+func TestRunGoexitFailsNow(t *testing.T) {
+	f := &fakeTB{TB: t}
+	RunWithin(f, time.Second, func() { runtime.Goexit() })
+	if !f.failedNow {
+		t.Fatal("a Goexit in fn (t.Fatal on its goroutine) did not end the test")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/srpd/srpd/configs"
+	"github.com/srpd/srpd/internal/fuzzbound"
 )
 
 // FuzzParse: Parse never panics, and whatever it accepts survives Marshal → Parse unchanged.
@@ -20,24 +21,30 @@ func FuzzParse(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := Parse("fuzz.yaml", data)
-		if err != nil {
-			if _, ok := err.(ErrorList); !ok {
-				t.Fatalf("Parse returned %T, not ErrorList: %v", err, err)
+		fuzzbound.Run(t, func() {
+			c, err := Parse("fuzz.yaml", data)
+			if err != nil {
+				if _, ok := err.(ErrorList); !ok {
+					t.Errorf("Parse returned %T, not ErrorList: %v", err, err)
+					return
+				}
+				return
 			}
-			return
-		}
-		out, err := Marshal(c)
-		if err != nil {
-			t.Fatalf("Marshal of a valid config: %v", err)
-		}
-		c2, err := Parse("marshalled.yaml", out)
-		if err != nil {
-			t.Fatalf("Parse(Marshal(c)): %v\n%s", err, out)
-		}
-		if !Equal(c, c2) {
-			t.Fatalf("round trip changed the config:\n%s", out)
-		}
-		_ = Diff(c, c2)
+			out, err := Marshal(c)
+			if err != nil {
+				t.Errorf("Marshal of a valid config: %v", err)
+				return
+			}
+			c2, err := Parse("marshalled.yaml", out)
+			if err != nil {
+				t.Errorf("Parse(Marshal(c)): %v\n%s", err, out)
+				return
+			}
+			if !Equal(c, c2) {
+				t.Errorf("round trip changed the config:\n%s", out)
+				return
+			}
+			_ = Diff(c, c2)
+		})
 	})
 }

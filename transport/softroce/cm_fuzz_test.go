@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/srpd/srpd/internal/fuzzbound"
 	"github.com/srpd/srpd/transport"
 	"github.com/srpd/srpd/transport/softroce/cm"
 	"github.com/srpd/srpd/transport/softroce/link"
@@ -24,12 +25,17 @@ func FuzzQP1(f *testing.F) {
 	for _, s := range cmFuzzSeeds() {
 		f.Add(s)
 	}
-	f.Fuzz(fuzzOne)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		e := cmFuzzSetup(t)
+		fuzzbound.Run(t, func() {
+			defer stopOnAbort()
+			fuzzOne(abortTB{t}, e, data)
+		})
+	})
 }
 
 // fuzzOne injects one input and waits (bounded) until the receive loop has handled it.
-func fuzzOne(t *testing.T, data []byte) {
-	e := cmFuzzSetup(t)
+func fuzzOne(t tb, e *cmFuzzEnv, data []byte) {
 	var ctl byte
 	if len(data) > 0 {
 		ctl, data = data[0], data[1:]

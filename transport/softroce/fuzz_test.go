@@ -3,10 +3,12 @@ package softroce
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/srpd/srpd/internal/fuzzbound"
 	"github.com/srpd/srpd/transport"
 	"github.com/srpd/srpd/transport/softroce/link"
 	"github.com/srpd/srpd/transport/softroce/wire"
@@ -69,7 +71,7 @@ func fuzzSetup(t *testing.T) *fuzzEnv {
 // reset brings the QP back to a fresh RTS (ERR → RESET → INIT → RTR → RTS), re-registers the
 // fast-reg MR, posts receives and a few send WRs (so that responses have something to match),
 // and refreshes the canaries.
-func (e *fuzzEnv) reset(t *testing.T, mtu transport.MTU) {
+func (e *fuzzEnv) reset(t tb, mtu transport.MTU) {
 	n := e.n
 	n.t = t
 	_ = n.qp.Modify(&transport.QPAttr{State: transport.QPSErr}, transport.AttrState)
@@ -127,7 +129,7 @@ func (e *fuzzEnv) reset(t *testing.T, mtu transport.MTU) {
 	}
 }
 
-func (e *fuzzEnv) check(t *testing.T) {
+func (e *fuzzEnv) check(t tb) {
 	mem := e.n.mem.Bytes()
 	for i, c := range mem {
 		inFR := i >= fzFROff+0x100 && i < fzFROff+2*4096 // the fast-reg MR's bytes (pages swapped, offset 0x100)
@@ -138,6 +140,47 @@ func (e *fuzzEnv) check(t *testing.T) {
 	for _, c := range e.sentinel {
 		if c != 0x5C {
 			t.Fatal("Go heap sentinel changed")
+		}
+	}
+}
+
+// abortTB is the tb the engine's fuzz targets give the shared helpers (node.bringUp, reset,
+// check) for the work of one input: that work runs under fuzzbound.Run on another goroutine,
+// where t.FailNow must not be called, so Fatal reports with Errorf and unwinds to the
+// stopOnAbort deferred at the top of the input's closure.
+type abortTB struct {
+	t interface {
+		Helper()
+		Error(args ...any)
+		Errorf(format string, args ...any)
+	}
+}
+
+// fuzzAbort is the panic value abortTB unwinds with.
+type fuzzAbort struct{}
+
+func (a abortTB) Helper() { a.t.Helper() }
+func (a abortTB) Fatal(args ...any) {
+	a.t.Helper()
+	a.t.Error(args...)
+	panic(fuzzAbort{})
+}
+func (a abortTB) Fatalf(format string, args ...any) {
+	a.t.Helper()
+	a.t.Errorf(format, args...)
+	panic(fuzzAbort{})
+}
+func (a abortTB) Errorf(format string, args ...any) {
+	a.t.Helper()
+	a.t.Errorf(format, args...)
+}
+
+// stopOnAbort ends an input's closure quietly after an abortTB failure (already reported) and
+// passes any other panic on.
+func stopOnAbort() {
+	if r := recover(); r != nil {
+		if _, ok := r.(fuzzAbort); !ok {
+			panic(r)
 		}
 	}
 }
@@ -171,67 +214,105 @@ func FuzzReceivePath(f *testing.F) {
 	f.Add(seed(wire.RCCompareSwap, 0, 3, nil))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		e := fuzzSetup(t)
-		mtu := transport.MTU256
-		if len(data) > 2 {
-			mtu = transport.MTU(1 + int(data[2]>>4&7)%5)
-		}
-		e.reset(t, mtu)
-		d := e.n.dev
-		q := e.n.qp.(*qp)
-		src := e.peer.LocalAddrPort()
-		var bufs [][]byte
-		for len(data) >= 3 {
-			l := int(binary.BigEndian.Uint16(data))
-			ctl := data[2]
-			data = data[3:]
-			l = min(l, len(data), link.MaxPacket)
-			b := make([]byte, l, link.MaxPacket)
-			copy(b, data[:l])
-			data = data[l:]
-			bufs = append(bufs, b)
-			if len(b) >= wire.BTHLen {
-				if ctl&1 != 0 {
-					wire.BTH(b).SetDestQP(q.qpn)
-				}
-				if ctl&2 != 0 {
-					d.mu.Lock()
-					psn := q.resp.psn
-					if wire.Opcode(b[0]).Is(wire.Response) {
-						psn = q.comp.psn
+		fuzzbound.Run(t, func() {
+			defer stopOnAbort()
+			at := abortTB{t}
+			mtu := transport.MTU256
+			if len(data) > 2 {
+				mtu = transport.MTU(1 + int(data[2]>>4&7)%5)
+			}
+			e.reset(at, mtu)
+			d := e.n.dev
+			q := e.n.qp.(*qp)
+			src := e.peer.LocalAddrPort()
+			var bufs [][]byte
+			for len(data) >= 3 {
+				l := int(binary.BigEndian.Uint16(data))
+				ctl := data[2]
+				data = data[3:]
+				l = min(l, len(data), link.MaxPacket)
+				b := make([]byte, l, link.MaxPacket)
+				copy(b, data[:l])
+				data = data[l:]
+				bufs = append(bufs, b)
+				if len(b) >= wire.BTHLen {
+					if ctl&1 != 0 {
+						wire.BTH(b).SetDestQP(q.qpn)
 					}
-					d.mu.Unlock()
-					wire.BTH(b).SetPSN(psn)
-				}
-				if ctl&4 != 0 {
-					if p, err := wire.Parse(b); err == nil && p.RETH() != nil {
-						if ctl&8 != 0 {
-							p.RETH().SetRKey(e.frKey)
-						} else {
-							p.RETH().SetRKey(e.n.mr.RKey())
+					if ctl&2 != 0 {
+						d.mu.Lock()
+						psn := q.resp.psn
+						if wire.Opcode(b[0]).Is(wire.Response) {
+							psn = q.comp.psn
+						}
+						d.mu.Unlock()
+						wire.BTH(b).SetPSN(psn)
+					}
+					if ctl&4 != 0 {
+						if p, err := wire.Parse(b); err == nil && p.RETH() != nil {
+							if ctl&8 != 0 {
+								p.RETH().SetRKey(e.frKey)
+							} else {
+								p.RETH().SetRKey(e.n.mr.RKey())
+							}
 						}
 					}
 				}
 			}
-		}
-		pkts := make([]link.Packet, 1)
-		out := make([][]byte, 16)
-		for i := range out {
-			out[i] = make([]byte, bufSize)
-		}
-		for _, b := range bufs {
-			pkts[0] = link.Packet{Src: src, Dst: e.n.addr, Buf: b}
-			d.mu.Lock()
-			d.input(&pkts[0], nil, time.Now())
-			// Run the transmit side now too (read responses, ACKs) and drop the packets.
-			for k := 0; k < 64 && len(d.ready) > 0; k++ {
-				d.transmit(nil, out, time.Now())
+			pkts := make([]link.Packet, 1)
+			out := make([][]byte, 16)
+			for i := range out {
+				out[i] = make([]byte, bufSize)
 			}
-			clear(d.touched)
-			d.touched = d.touched[:0]
-			d.mu.Unlock()
-		}
-		e.check(t)
+			for _, b := range bufs {
+				pkts[0] = link.Packet{Src: src, Dst: e.n.addr, Buf: b}
+				d.mu.Lock()
+				d.input(&pkts[0], nil, time.Now())
+				// Run the transmit side now too (read responses, ACKs) and drop the packets.
+				for k := 0; k < 64 && len(d.ready) > 0; k++ {
+					d.transmit(nil, out, time.Now())
+				}
+				clear(d.touched)
+				d.touched = d.touched[:0]
+				d.mu.Unlock()
+			}
+			e.check(at)
+		})
 	})
+}
+
+// recTB records what abortTB reports.
+type recTB struct{ msgs []string }
+
+func (r *recTB) Helper()           {}
+func (r *recTB) Error(args ...any) { r.msgs = append(r.msgs, fmt.Sprint(args...)) }
+func (r *recTB) Errorf(format string, args ...any) {
+	r.msgs = append(r.msgs, fmt.Sprintf(format, args...))
+}
+
+// TestAbortTB: a Fatal through abortTB is reported as an error and ends the closure at
+// stopOnAbort; any other panic goes on.
+func TestAbortTB(t *testing.T) {
+	rec := &recTB{}
+	after := false
+	func() {
+		defer stopOnAbort()
+		abortTB{rec}.Fatalf("input %d", 7)
+		after = true
+	}()
+	if after || len(rec.msgs) != 1 || rec.msgs[0] != "input 7" {
+		t.Fatalf("after Fatalf: ran on %v, reported %q", after, rec.msgs)
+	}
+	defer func() {
+		if r := recover(); r != "boom" {
+			t.Fatalf("recovered %v, want the original panic", r)
+		}
+	}()
+	func() {
+		defer stopOnAbort()
+		panic("boom")
+	}()
+	t.Fatal("panic swallowed")
 }
 
 func TestFuzzSeedsHold(t *testing.T) {

@@ -3,11 +3,13 @@ package cm
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"math/rand/v2"
 	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/srpd/srpd/internal/fuzzbound"
 	"github.com/srpd/srpd/transport"
 )
 
@@ -26,82 +28,92 @@ func seedCorpus(f *testing.F) {
 func FuzzParse(f *testing.F) {
 	seedCorpus(f)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := Check(b)
-		for _, p := range []func([]byte) error{
-			func(b []byte) error { _, err := ParseREQ(b); return err },
-			func(b []byte) error { _, err := ParseREP(b); return err },
-			func(b []byte) error { _, err := ParseRTU(b); return err },
-			func(b []byte) error { _, err := ParseREJ(b); return err },
-			func(b []byte) error { _, err := ParseMRA(b); return err },
-			func(b []byte) error { _, err := ParseDREQ(b); return err },
-			func(b []byte) error { _, err := ParseDREP(b); return err },
-			func(b []byte) error { _, err := ParseLAP(b); return err },
-			func(b []byte) error { _, err := ParseAPR(b); return err },
-			func(b []byte) error { _, err := ParseSIDRREQ(b); return err },
-			func(b []byte) error { _, err := ParseSIDRREP(b); return err },
-		} {
-			if e := p(b); e != nil && err == nil && e != ErrWrongAttribute {
-				t.Fatalf("typed parse %v but Check ok", e)
+		fuzzbound.Run(t, func() {
+			m, err := Check(b)
+			for _, p := range []func([]byte) error{
+				func(b []byte) error { _, err := ParseREQ(b); return err },
+				func(b []byte) error { _, err := ParseREP(b); return err },
+				func(b []byte) error { _, err := ParseRTU(b); return err },
+				func(b []byte) error { _, err := ParseREJ(b); return err },
+				func(b []byte) error { _, err := ParseMRA(b); return err },
+				func(b []byte) error { _, err := ParseDREQ(b); return err },
+				func(b []byte) error { _, err := ParseDREP(b); return err },
+				func(b []byte) error { _, err := ParseLAP(b); return err },
+				func(b []byte) error { _, err := ParseAPR(b); return err },
+				func(b []byte) error { _, err := ParseSIDRREQ(b); return err },
+				func(b []byte) error { _, err := ParseSIDRREP(b); return err },
+			} {
+				if e := p(b); e != nil && err == nil && e != ErrWrongAttribute {
+					t.Errorf("typed parse %v but Check ok", e)
+					return
+				}
 			}
-		}
-		if len(b) >= CMAHeaderLen {
-			if h, err := ParseCMAHeader(b); err == nil {
-				_, _, _ = h.SrcAddr(), h.DstAddr(), h.SrcPort()
+			if len(b) >= CMAHeaderLen {
+				if h, err := ParseCMAHeader(b); err == nil {
+					_, _, _ = h.SrcAddr(), h.DstAddr(), h.SrcPort()
+				}
 			}
-		}
-		_, _, _ = ParseServiceID(binary.BigEndian.Uint64(append(bytes.Clone(b), make([]byte, 8)...)))
-		if err != nil {
-			return
-		}
-		out := make([]byte, MADLen)
-		copy(out, m[:HeaderLen])
-		switch m.AttributeID() {
-		case AttrREQ:
-			f := REQ(m).Fields()
-			REQ(out).Encode(&f)
-			if REQ(out).Fields() != f {
-				t.Fatal("REQ round trip")
+			_, _, _ = ParseServiceID(binary.BigEndian.Uint64(append(bytes.Clone(b), make([]byte, 8)...)))
+			if err != nil {
+				return
 			}
-			_ = REQ(m).PrimaryPath().LocalAddr()
-			_ = REQ(m).HasAlternatePath()
-		case AttrREP:
-			f := REP(m).Fields()
-			REP(out).Encode(&f)
-			if REP(out).Fields() != f {
-				t.Fatal("REP round trip")
+			out := make([]byte, MADLen)
+			copy(out, m[:HeaderLen])
+			switch m.AttributeID() {
+			case AttrREQ:
+				f := REQ(m).Fields()
+				REQ(out).Encode(&f)
+				if REQ(out).Fields() != f {
+					t.Error("REQ round trip")
+					return
+				}
+				_ = REQ(m).PrimaryPath().LocalAddr()
+				_ = REQ(m).HasAlternatePath()
+			case AttrREP:
+				f := REP(m).Fields()
+				REP(out).Encode(&f)
+				if REP(out).Fields() != f {
+					t.Error("REP round trip")
+					return
+				}
+			case AttrREJ:
+				f := REJ(m).Fields()
+				REJ(out).Encode(&f)
+				if REJ(out).Fields() != f {
+					t.Error("REJ round trip")
+					return
+				}
+				_ = REJ(m).ARI()
+			case AttrMRA:
+				f := MRA(m).Fields()
+				MRA(out).Encode(&f)
+				if MRA(out).Fields() != f {
+					t.Error("MRA round trip")
+					return
+				}
+			case AttrDREQ:
+				f := DREQ(m).Fields()
+				DREQ(out).Encode(&f)
+				if DREQ(out).Fields() != f {
+					t.Error("DREQ round trip")
+					return
+				}
+			case AttrRTU:
+				f := RTU(m).Fields()
+				RTU(out).Encode(&f)
+				if !bytes.Equal(out, m) {
+					t.Error("RTU round trip")
+					return
+				}
+			case AttrDREP:
+				f := DREP(m).Fields()
+				DREP(out).Encode(&f)
+				if !bytes.Equal(out, m) {
+					t.Error("DREP round trip")
+					return
+				}
 			}
-		case AttrREJ:
-			f := REJ(m).Fields()
-			REJ(out).Encode(&f)
-			if REJ(out).Fields() != f {
-				t.Fatal("REJ round trip")
-			}
-			_ = REJ(m).ARI()
-		case AttrMRA:
-			f := MRA(m).Fields()
-			MRA(out).Encode(&f)
-			if MRA(out).Fields() != f {
-				t.Fatal("MRA round trip")
-			}
-		case AttrDREQ:
-			f := DREQ(m).Fields()
-			DREQ(out).Encode(&f)
-			if DREQ(out).Fields() != f {
-				t.Fatal("DREQ round trip")
-			}
-		case AttrRTU:
-			f := RTU(m).Fields()
-			RTU(out).Encode(&f)
-			if !bytes.Equal(out, m) {
-				t.Fatal("RTU round trip")
-			}
-		case AttrDREP:
-			f := DREP(m).Fields()
-			DREP(out).Encode(&f)
-			if !bytes.Equal(out, m) {
-				t.Fatal("DREP round trip")
-			}
-		}
+		})
 	})
 }
 
@@ -132,7 +144,8 @@ func (w *fuzzWorld) collect() {
 	}
 	for i := range w.out.MADs {
 		if _, err := Check(w.out.MADs[i].MAD[:]); err != nil {
-			w.t.Fatalf("produced an invalid MAD: %v", err)
+			w.t.Errorf("produced an invalid MAD: %v", err)
+			return
 		}
 	}
 	w.out.Reset()
@@ -144,21 +157,26 @@ func (w *fuzzWorld) collect() {
 func (w *fuzzWorld) checkNoStuck() {
 	for id, c := range w.m.conns {
 		if c.id != id || c.state == StateIdle {
-			w.t.Fatalf("conn table corrupt: %#x %v", id, c.state)
+			w.t.Errorf("conn table corrupt: %#x %v", id, c.state)
+			return
 		}
 		if c.state != StateEstablished && c.heapIdx < 0 {
-			w.t.Fatalf("conn %#x in %v without a timer", id, c.state)
+			w.t.Errorf("conn %#x in %v without a timer", id, c.state)
+			return
 		}
 		if c.heapIdx >= 0 && w.m.timers.items[c.heapIdx] != c {
-			w.t.Fatal("timer heap index corrupt")
+			w.t.Error("timer heap index corrupt")
+			return
 		}
 	}
 	for i, c := range w.m.timers.items {
 		if c.heapIdx != i || w.m.conns[c.id] != c {
-			w.t.Fatal("timer heap holds a released connection")
+			w.t.Error("timer heap holds a released connection")
+			return
 		}
 		if i > 0 && w.m.timers.less(i, (i-1)/2) {
-			w.t.Fatal("heap order")
+			w.t.Error("heap order")
+			return
 		}
 	}
 }
@@ -168,47 +186,68 @@ var (
 	fzRemote = netip.MustParseAddr("10.0.0.2")
 )
 
+// newFuzzWorld builds the world or fails t (for tests on the test goroutine).
 func newFuzzWorld(t *testing.T) *fuzzWorld {
-	mk := func(guid uint64, seed uint64) *Manager {
-		m, err := NewManager(Config{GUID: guid, Rand: rand.NewPCG(seed, seed)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
-	w := &fuzzWorld{t: t, m: mk(0x1111, 1), released: map[ConnID]bool{}}
-	if err := w.m.Listen(netip.Addr{}, 5555); err != nil {
-		t.Fatal(err)
-	}
-	// Establish one connection from a peer, by hand.
-	peer := mk(0x2222, 2)
-	var po Outputs
-	pid, err := peer.Dial(0, &DialParams{LocalAddr: fzRemote, RemoteAddr: fzLocal, DstPort: 5555, QPN: 0x77}, &po)
+	t.Helper()
+	w, err := buildFuzzWorld(t)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return w
+}
+
+// buildFuzzWorld builds the world; it reports errors instead of failing t, so that it can run
+// under fuzzbound.Run.
+func buildFuzzWorld(t *testing.T) (*fuzzWorld, error) {
+	mk := func(guid uint64, seed uint64) (*Manager, error) {
+		return NewManager(Config{GUID: guid, Rand: rand.NewPCG(seed, seed)})
+	}
+	m, err := mk(0x1111, 1)
+	if err != nil {
+		return nil, err
+	}
+	w := &fuzzWorld{t: t, m: m, released: map[ConnID]bool{}}
+	if err := w.m.Listen(netip.Addr{}, 5555); err != nil {
+		return nil, err
+	}
+	// Establish one connection from a peer, by hand.
+	peer, err := mk(0x2222, 2)
+	if err != nil {
+		return nil, err
+	}
+	var po Outputs
+	pid, err := peer.Dial(0, &DialParams{LocalAddr: fzRemote, RemoteAddr: fzLocal, DstPort: 5555, QPN: 0x77}, &po)
+	if err != nil {
+		return nil, err
+	}
 	if err := w.m.HandleMAD(0, fzRemote, fzLocal, po.MADs[0].MAD[:], &w.out); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	id := w.out.Events[0].Conn
-	w.collect()
+	if w.collect(); t.Failed() {
+		return nil, errors.New("fixture produced bad state")
+	}
 	if err := w.m.Accept(0, id, &AcceptParams{QPN: 0x88}, &w.out); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	rep := w.out.MADs[0].MAD
-	w.collect()
+	if w.collect(); t.Failed() {
+		return nil, errors.New("fixture produced bad state")
+	}
 	po.Reset()
 	if err := peer.HandleMAD(0, fzLocal, fzRemote, rep[:], &po); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if err := w.m.HandleMAD(0, fzRemote, fzLocal, po.MADs[0].MAD[:], &w.out); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	w.collect()
+	if w.collect(); t.Failed() {
+		return nil, errors.New("fixture produced bad state")
+	}
 	w.ids = append(w.ids, uint32(pid))
 	w.est, w.peerID = id, uint32(pid)
 	w.qpns = []uint32{0x77, 0x88}
-	return w
+	return w, nil
 }
 
 // FuzzManager feeds a Manager arbitrary sequences of MADs (valid headers, fields from the
@@ -224,12 +263,19 @@ func FuzzManager(f *testing.F) {
 	for _, c := range loadMADs(f, pcapLogin) {
 		f.Add(append([]byte{0}, c.mad[24:80]...))
 	}
-	f.Fuzz(fuzzManagerBody)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fuzzbound.Run(t, func() { fuzzManagerBody(t, data) })
+	})
 }
 
+// fuzzManagerBody runs one input under fuzzbound.Run: failures are t.Error + return.
 func fuzzManagerBody(t *testing.T, data []byte) {
 	{
-		w := newFuzzWorld(t)
+		w, err := buildFuzzWorld(t)
+		if err != nil {
+			t.Error(err)
+			return
+		}
 		attrs := []uint16{AttrREQ, AttrMRA, AttrREJ, AttrREP, AttrRTU, AttrDREQ, AttrDREP, AttrSIDRREQ, AttrSIDRREP, AttrLAP, AttrAPR}
 		rd := bytes.NewReader(data)
 		next := func() byte { b, _ := rd.ReadByte(); return b }
@@ -273,7 +319,8 @@ func fuzzManagerBody(t *testing.T, data []byte) {
 					src = netip.MustParseAddr("10.0.0.9")
 				}
 				if err := w.m.HandleMAD(w.now, src, fzLocal, buf[:], &w.out); err != nil {
-					t.Fatalf("valid-header MAD refused: %v", err)
+					t.Errorf("valid-header MAD refused: %v", err)
+					return
 				}
 			case 4: // raw garbage
 				n := int(next())
@@ -306,7 +353,9 @@ func fuzzManagerBody(t *testing.T, data []byte) {
 			case 7:
 				_ = w.m.Listen(netip.Addr{}, uint16(next()))
 			}
-			w.collect()
+			if w.collect(); t.Failed() {
+				return
+			}
 		}
 		// Invariants over the event history.
 		type life struct{ est, disc, done bool }
@@ -318,17 +367,20 @@ func fuzzManagerBody(t *testing.T, data []byte) {
 				lives[e.Conn] = l
 			}
 			if l.done {
-				t.Fatalf("event %v for %#x after its final event", e.Kind, e.Conn)
+				t.Errorf("event %v for %#x after its final event", e.Kind, e.Conn)
+				return
 			}
 			switch e.Kind {
 			case EventEstablished:
 				if l.est || l.disc {
-					t.Fatalf("%#x: ESTABLISHED twice or after DISCONNECTED", e.Conn)
+					t.Errorf("%#x: ESTABLISHED twice or after DISCONNECTED", e.Conn)
+					return
 				}
 				l.est = true
 			case EventDisconnected:
 				if l.disc {
-					t.Fatalf("%#x: DISCONNECTED twice", e.Conn)
+					t.Errorf("%#x: DISCONNECTED twice", e.Conn)
+					return
 				}
 				l.disc = true
 			case EventTimewaitExit, EventUnreachable:
@@ -345,10 +397,12 @@ func fuzzManagerBody(t *testing.T, data []byte) {
 		w.m.Expire(w.now+100*time.Hour, &w.out)
 		w.collect()
 		if w.m.NumConns() != 0 || len(w.m.byRemoteID) != 0 || len(w.m.byRemoteQPN) != 0 {
-			t.Fatalf("left: %d conns, %d/%d index entries", w.m.NumConns(), len(w.m.byRemoteID), len(w.m.byRemoteQPN))
+			t.Errorf("left: %d conns, %d/%d index entries", w.m.NumConns(), len(w.m.byRemoteID), len(w.m.byRemoteQPN))
+			return
 		}
 		if _, ok := w.m.NextDeadline(); ok {
-			t.Fatal("timer left")
+			t.Error("timer left")
+			return
 		}
 	}
 }

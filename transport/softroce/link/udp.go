@@ -97,10 +97,13 @@ type UDP struct {
 	rxErr  error
 	lastOv uint32 // last SO_RXQ_OVFL value
 	// GRO state: link-owned buffers and a cursor over received, unsplit data.
-	groBufs [][]byte
-	groMsgs int // messages in groBufs from the last recvmmsg
-	groMsg  int // current message
-	groOff  int // offset in it
+	groBufs    [][]byte
+	groMsgs    int    // messages in groBufs from the last recvmmsg
+	groMsg     int    // current message
+	groOff     int    // offset in it
+	groStarted bool   // groMeta and groSeg are those of message groMsg
+	groMeta    Packet // its addresses and traffic class
+	groSeg     int    // its GRO segment size (0: one datagram)
 
 	sendMu sync.Mutex
 	tx     mmsgState
@@ -600,7 +603,7 @@ func (u *UDP) Recv(pkts []Packet) (int, error) {
 			return 0, u.rxErr
 		}
 		if u.gro {
-			u.groMsgs, u.groMsg, u.groOff = u.rxN, 0, 0
+			u.groMsgs, u.groMsg, u.groOff, u.groStarted = u.rxN, 0, 0, false
 			continue
 		}
 		k := 0
@@ -633,39 +636,21 @@ func (u *UDP) Recv(pkts []Packet) (int, error) {
 }
 
 // drainGRO copies segments from the GRO buffers into pkts and returns how many were accepted.
+// Every datagram the kernel delivered is counted exactly once: returned (RxPackets) or dropped
+// (RxMalformedDrops, RxICRCDrops).
 func (u *UDP) drainGRO(pkts []Packet) int {
 	k := 0
-	for k < len(pkts) && u.groMsg < u.groMsgs {
-		i := u.groMsg
-		m := &u.rx.msgs[i]
-		var meta Packet
-		gso, ok := u.decodeMeta(i, &meta)
-		total := int(m.Len)
-		if !ok || m.Hdr.Flags&unix.MSG_TRUNC != 0 {
-			u.ctr.rxMalformed.Add(1)
-			u.groMsg, u.groOff = u.groMsg+1, 0
-			continue
+	for k < len(pkts) {
+		data, st := u.nextGRO()
+		if st == groDone {
+			break
 		}
-		seg := total
-		if gso > 0 {
-			seg = gso
-		}
-		if u.groOff == 0 && seg < total {
-			u.ctr.rxGRO.Add(1)
-		}
-		if u.groOff >= total {
-			u.groMsg, u.groOff = u.groMsg+1, 0
-			continue
-		}
-		end := min(u.groOff+seg, total)
-		data := u.groBufs[i][u.groOff:end]
-		u.groOff = end
-		if len(data) > MaxPacket {
+		if st == groBadMsg || len(data) > MaxPacket {
 			u.ctr.rxMalformed.Add(1)
 			continue
 		}
 		p := &pkts[k]
-		p.Src, p.Dst, p.TrafficClass = meta.Src, meta.Dst, meta.TrafficClass
+		p.Src, p.Dst, p.TrafficClass = u.groMeta.Src, u.groMeta.Dst, u.groMeta.TrafficClass
 		p.Buf = p.Buf[:len(data)]
 		copy(p.Buf, data)
 		e := wire.Encap{Src: p.Src, Dst: p.Dst}
@@ -677,6 +662,67 @@ func (u *UDP) drainGRO(pkts []Packet) int {
 		k++
 	}
 	return k
+}
+
+// groStatus says what nextGRO returned.
+type groStatus uint8
+
+const (
+	groDone   groStatus = iota // no received data left
+	groPiece                   // one datagram of a message (u.groMeta holds its addresses)
+	groBadMsg                  // a whole message that cannot be split or addressed: drop it
+)
+
+// nextGRO returns the next datagram of the messages received into the GRO buffers: the pieces
+// of one message tile it exactly (groNext), a zero-length message is one empty piece (so that
+// it is counted as malformed, as without GRO), and a message whose metadata is unusable comes
+// back whole as groBadMsg: a truncated datagram or truncated control data (MSG_CTRUNC may have
+// cost the UDP_GRO cmsg, and then nobody knows where the datagrams start), a length beyond the
+// buffer, or an address decodeMeta refuses.
+func (u *UDP) nextGRO() ([]byte, groStatus) {
+	for u.groMsg < u.groMsgs {
+		i := u.groMsg
+		m := &u.rx.msgs[i]
+		buf := u.groBufs[i]
+		if u.groOff == 0 && !u.groStarted {
+			u.groStarted = true
+			u.groMeta = Packet{}
+			gso, ok := u.decodeMeta(i, &u.groMeta)
+			if !ok || m.Hdr.Flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || int64(m.Len) > int64(len(buf)) {
+				u.groMsg, u.groStarted = u.groMsg+1, false
+				return buf[:min(int64(m.Len), int64(len(buf)))], groBadMsg
+			}
+			u.groSeg = gso
+			if gso > 0 && gso < int(m.Len) {
+				u.ctr.rxGRO.Add(1)
+			}
+			if m.Len == 0 {
+				u.groMsg, u.groStarted = u.groMsg+1, false
+				return buf[:0], groPiece
+			}
+		}
+		total := int(m.Len)
+		if u.groOff >= total {
+			u.groMsg, u.groOff, u.groStarted = u.groMsg+1, 0, false
+			continue
+		}
+		off := u.groOff
+		u.groOff = groNext(total, off, u.groSeg)
+		return buf[off:u.groOff], groPiece
+	}
+	return nil, groDone
+}
+
+// groNext returns the end of the datagram that starts at off (0 <= off < total) in a receive
+// buffer of total bytes that UDP GRO coalesced from seg-byte datagrams: the kernel's gso_size,
+// which every coalesced datagram has but the last, which may be shorter
+// (torvalds/linux:net/ipv4/udp_offload.c udp_gro_receive_segment). seg <= 0 means no
+// coalescing: the buffer is one datagram.
+func groNext(total, off, seg int) int {
+	if seg <= 0 || seg >= total-off {
+		return total
+	}
+	return off + seg
 }
 
 // decodeMeta decodes the source address and the control messages of rx message i into p's
@@ -695,7 +741,9 @@ func (u *UDP) decodeMeta(i int, p *Packet) (gso int, ok bool) {
 	}
 	dst := u.local.Addr()
 	h := &u.rx.msgs[i].Hdr
-	c := u.rx.ctrl[i][:min(int(h.Controllen), ctrlLen)]
+	// Controllen is what the kernel wrote, never more than the buffer it was given; clamped
+	// in its own type so that no value can make the slice bound negative.
+	c := u.rx.ctrl[i][:min(h.Controllen, ctrlLen)]
 	hl := unix.CmsgLen(0)
 	for len(c) >= hl {
 		ch := (*unix.Cmsghdr)(unsafe.Pointer(&c[0]))

@@ -31,7 +31,8 @@ const (
 	ErrPayloadTooLarge
 	// ErrMADTooShort: a MAD is shorter than its 24-byte common header.
 	ErrMADTooShort
-	// ErrAddress: addresses of mixed families or an invalid address.
+	// ErrAddress: addresses of mixed families or an invalid address (ParseEncap: an
+	// IPv4-mapped address in an IPv6 header).
 	ErrAddress
 )
 

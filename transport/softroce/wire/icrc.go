@@ -213,7 +213,8 @@ func IPv4Checksum(h []byte) uint16 {
 // ParseEncap decodes a real IPv4 (IHL 5) or IPv6 (no extension headers) header followed by a
 // UDP header, as found in a capture, into an Encap plus the UDP payload length. It returns
 // ErrIPHeader for anything else (options, extension headers, non-UDP, fragments are accepted
-// only as far as the header goes: the flags word must be DF/0 or 0).
+// only as far as the header goes: the flags word must be DF/0 or 0), and ErrAddress for an IPv6
+// header carrying an IPv4-mapped source or destination address, which Encap cannot describe.
 func ParseEncap(b []byte) (e Encap, hdrLen, udpPayloadLen int, err error) {
 	if len(b) < 1 {
 		return Encap{}, 0, 0, ErrIPHeader
@@ -240,8 +241,17 @@ func ParseEncap(b []byte) (e Encap, hdrLen, udpPayloadLen int, err error) {
 		if len(b) < IPv6HeaderLen+UDPHeaderLen || b[6] != 17 {
 			return Encap{}, 0, 0, ErrIPHeader
 		}
-		e.Src = netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[8:24])), binary.BigEndian.Uint16(b[40:]))
-		e.Dst = netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[24:40])), binary.BigEndian.Uint16(b[42:]))
+		src, dst := netip.AddrFrom16([16]byte(b[8:24])), netip.AddrFrom16([16]byte(b[24:40]))
+		// Encap (like a RoCEv2 GID) says "IPv4" with an IPv4-mapped address: rxe picks IPv4
+		// encapsulation for a mapped GID (torvalds/linux:include/rdma/ib_verbs.h
+		// rdma_gid_attr_network_type), so no RoCEv2 sender puts one in an IPv6 header, and an
+		// Encap holding one would describe (and compute the ICRC over) an IPv4 header that is
+		// not the one on the wire.
+		if src.Is4In6() || dst.Is4In6() {
+			return Encap{}, 0, 0, ErrAddress
+		}
+		e.Src = netip.AddrPortFrom(src, binary.BigEndian.Uint16(b[40:]))
+		e.Dst = netip.AddrPortFrom(dst, binary.BigEndian.Uint16(b[42:]))
 		v := binary.BigEndian.Uint32(b)
 		e.TrafficClass, e.FlowLabel, e.HopLimit = uint8(v>>20), v&0xFFFFF, b[7]
 		hdrLen = IPv6HeaderLen

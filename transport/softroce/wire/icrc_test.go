@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"hash/crc32"
 	"net/netip"
 	"strings"
@@ -150,5 +151,38 @@ func TestEncapMapped(t *testing.T) {
 	}
 	if _, err := c.PutHeaders(make([]byte, 48), pkt); err != ErrAddress {
 		t.Fatal(err)
+	}
+}
+
+// TestParseEncapIPv6Mapped: an IPv6 header is parsed as IPv6 whatever its addresses, or
+// rejected with ErrAddress when an address is IPv4-mapped (Encap would take it for IPv4: the
+// found input of FuzzParseEncap, testdata/fuzz/FuzzParseEncap/d22ebd1423c18588).
+func TestParseEncapIPv6Mapped(t *testing.T) {
+	hdr := func(src, dst string) []byte {
+		b := unhex(t, icrcVectors[3].ip) // C RC ACK IPv6
+		s, d := netip.MustParseAddr(src).As16(), netip.MustParseAddr(dst).As16()
+		copy(b[8:24], s[:])
+		copy(b[24:40], d[:])
+		return b
+	}
+	for _, tc := range []struct {
+		name, src, dst string
+		err            error
+	}{
+		{"plain IPv6", "fe80::1", "fe80::2", nil},
+		{"mapped source", "::ffff:10.0.0.1", "fe80::2", ErrAddress},
+		{"mapped destination", "fe80::1", "::ffff:48.48.48.48", ErrAddress},
+		{"both mapped", "::ffff:10.0.0.1", "::ffff:10.0.0.2", ErrAddress},
+		{"IPv4-compatible (not mapped) is IPv6", "::10.0.0.1", "::10.0.0.2", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, hl, _, err := ParseEncap(hdr(tc.src, tc.dst))
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("err = %v, want %v", err, tc.err)
+			}
+			if err == nil && (e.Is4() || hl != IPv6HeaderLen+UDPHeaderLen || !e.Valid()) {
+				t.Fatalf("parsed as Is4=%v hl=%d valid=%v", e.Is4(), hl, e.Valid())
+			}
+		})
 	}
 }

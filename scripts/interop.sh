@@ -52,6 +52,9 @@ run() {
   fi
 }
 
-run kernel-initiator ./bin/srptarget
+# -keepalive 200ms: idle channels are probed with zero-length RDMA WRITEs after 50 ms of
+# idleness, which the guest's rxe must acknowledge (else the channel is torn down and the I/O
+# fails); the capture then has them for tshark too.
+run kernel-initiator ./bin/srptarget -keepalive 200ms
 run kernel-target ./bin/srpinitiator
 echo "interop: PASS (both directions)"

@@ -58,6 +58,7 @@ type options struct {
 	portID    srp.PortID
 	lunMiB    int
 	blockSize int
+	keepalive time.Duration
 	verbose   bool
 }
 
@@ -81,6 +82,7 @@ func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (opt
 	portID := fs.String("port-id", defPortID, "SRP target port identifier, 32 hex digits: id_ext ‖ ioc_guid ($SRP_INTEROP_TARGET_PORT_ID)")
 	lunMiB := fs.Int("lun-mib", 64, "size of the RAM LUN 0 in MiB")
 	blockSize := fs.Int("block-size", 512, "logical block size: 512 or 4096")
+	keepalive := fs.Duration("keepalive", 0, "keep-alive interval of idle channels (0: the target's default, 30s; negative: off); scripts/interop.sh uses 200ms so the kernel's rxe acknowledges probes during the run")
 	verbose := fs.Bool("v", false, "debug logs")
 	if err := fs.Parse(args); err != nil {
 		return options{}, err
@@ -118,6 +120,10 @@ func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (opt
 		return o, fmt.Errorf("-block-size %d: want 512 or 4096", *blockSize)
 	}
 	o.blockSize = *blockSize
+	if *keepalive > 0 && *keepalive < 100*time.Millisecond {
+		return o, fmt.Errorf("-keepalive %v: at least 100ms (or 0, or negative for off)", *keepalive)
+	}
+	o.keepalive = *keepalive
 	o.verbose = *verbose
 	return o, nil
 }
@@ -148,6 +154,7 @@ func run(ctx context.Context, o options, log *zap.Logger, ready func(listening))
 		Name:       "srptarget",
 		PortID:     o.portID,
 		DefaultACL: &target.ACL{Name: "any", LUNs: []target.LUNMapping{{Number: 0, LUN: lun}}},
+		Limits:     target.Limits{KeepAliveInterval: o.keepalive},
 		Logger:     log,
 	})
 	if err != nil {

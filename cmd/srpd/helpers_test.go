@@ -17,63 +17,27 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/srpd/srpd/internal/testutil"
 )
 
 // Tests of the real binaries: srpd and srpctl are built once per test run into a temporary
 // directory (with -race when the tests run with it), started as processes on loopback with
 // every socket and file in t.TempDir(), and ended by PID.
 
-var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
-)
+var bins = testutil.Builder{Race: raceEnabled, Prefix: "srpd-"}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	bins.Remove()
 	os.Exit(code)
 }
 
 // binaries returns the paths of srpd and srpctl, building them on first use.
 func binaries(t *testing.T) (srpd, srpctl string) {
 	t.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "srpd-bin-")
-		if buildErr != nil {
-			return
-		}
-		for _, pkg := range []string{"github.com/srpd/srpd/cmd/srpd", "github.com/srpd/srpd/cmd/srpctl"} {
-			args := []string{"build", "-o", binDir}
-			if raceEnabled {
-				args = append(args, "-race")
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-			out, err := exec.CommandContext(ctx, filepath.Join(runtimeGOROOT(), "bin", "go"), append(args, pkg)...).CombinedOutput()
-			cancel()
-			if err != nil {
-				buildErr = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
-				return
-			}
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(binDir, "srpd"), filepath.Join(binDir, "srpctl")
-}
-
-func runtimeGOROOT() string {
-	if r := os.Getenv("GOROOT"); r != "" {
-		return r
-	}
-	out, err := exec.Command("go", "env", "GOROOT").Output()
-	if err == nil {
-		return strings.TrimSpace(string(out))
-	}
-	return "/usr/local/go"
+	dir := bins.Build(t, "github.com/srpd/srpd/cmd/srpd", "github.com/srpd/srpd/cmd/srpctl")
+	return filepath.Join(dir, "srpd"), filepath.Join(dir, "srpctl")
 }
 
 // ---------------------------------------------------------------------------------------------

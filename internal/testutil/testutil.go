@@ -1,12 +1,19 @@
 // Package testutil holds small helpers that tests of several packages share: free loopback
-// ports and short temporary directories (unix socket paths are limited to 107 bytes, and
+// ports, short temporary directories and the module's binaries built once (unix socket paths are limited to 107 bytes, and
 // t.TempDir() embeds the test's name). Only _test.go files import it.
 package testutil
 
 import (
+	"context"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // FreeUDPPort returns a UDP port on 127.0.0.1 that was free a moment ago.
@@ -40,4 +47,66 @@ func ShortTempDir(t testing.TB, prefix string) string {
 	}
 	t.Cleanup(func() { os.RemoveAll(d) })
 	return d
+}
+
+// Builder builds commands of the module once per test binary, into a temporary directory that
+// Remove deletes (call it from TestMain after m.Run).
+type Builder struct {
+	// Race builds with -race (when the tests run with it, so the binaries are checked too).
+	Race bool
+	// Prefix names the temporary directory.
+	Prefix string
+
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// Build builds pkgs (import paths) on the first call and returns the directory holding the
+// binaries; a build failure fails t, on this call and every later one.
+func (b *Builder) Build(t testing.TB, pkgs ...string) string {
+	t.Helper()
+	b.once.Do(func() {
+		if b.dir, b.err = os.MkdirTemp("", b.Prefix+"bin-"); b.err != nil {
+			return
+		}
+		for _, pkg := range pkgs {
+			args := []string{"build", "-o", b.dir}
+			if b.Race {
+				args = append(args, "-race")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			out, err := exec.CommandContext(ctx, GoTool(), append(args, pkg)...).CombinedOutput()
+			cancel()
+			if err != nil {
+				b.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+				return
+			}
+		}
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.dir
+}
+
+// Remove deletes the binaries.
+func (b *Builder) Remove() {
+	if b.dir != "" {
+		os.RemoveAll(b.dir)
+	}
+}
+
+// GoTool is the go command of the toolchain running the tests.
+func GoTool() string {
+	root := os.Getenv("GOROOT")
+	if root == "" {
+		if out, err := exec.Command("go", "env", "GOROOT").Output(); err == nil {
+			root = strings.TrimSpace(string(out))
+		}
+	}
+	if root == "" {
+		root = "/usr/local/go"
+	}
+	return filepath.Join(root, "bin", "go")
 }

@@ -28,50 +28,18 @@ import (
 // memory overhead would swamp the RSS budget and its CPU cost the floods), started per test with
 // a configuration in a temporary directory, and killed by PID at the end.
 
-var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
-)
+var bins = testutil.Builder{Prefix: "srpd-hostile-"}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	bins.Remove()
 	os.Exit(code)
 }
 
 // srpdBinary returns the path of srpd built from this module.
 func srpdBinary(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "srpd-hostile-bin-")
-		if buildErr != nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		goBin := filepath.Join(goroot(), "bin", "go")
-		out, err := exec.CommandContext(ctx, goBin, "build", "-o", binDir, "github.com/srpd/srpd/cmd/srpd").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/srpd: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(binDir, "srpd")
-}
-
-func goroot() string {
-	if r := os.Getenv("GOROOT"); r != "" {
-		return r
-	}
-	if out, err := exec.Command("go", "env", "GOROOT").Output(); err == nil {
-		return strings.TrimSpace(string(out))
-	}
-	return "/usr/local/go"
+	return filepath.Join(bins.Build(t, "github.com/srpd/srpd/cmd/srpd"), "srpd")
 }
 
 // Identifiers of the target under attack and of the daemon's own session to it.

@@ -360,12 +360,12 @@ func (ch *channel) maintain(now time.Time) {
 		case ch.kaOut && !now.Before(ch.kaDeadline):
 			ch.t.stats.keepAliveTimeouts.Add(1)
 			ch.log.Warn("the peer did not acknowledge the keep-alive probe; closing the channel",
-				zap.Duration("waited", ka/2))
+				zap.Duration("waited", ka/4))
 			ch.kaOut = false // it flushes with the QP; nothing waits for it
 			ch.startClose(nil, "peer unresponsive (keep-alive)")
 			return
 		case !ch.kaOut && ch.activity == ch.seenAct:
-			ch.postKeepAlive(now.Add(ka / 2))
+			ch.postKeepAlive(now.Add(ka / 4))
 		}
 		ch.seenAct = ch.activity
 	}

@@ -39,9 +39,8 @@ const (
 	DefaultTeardownTimeout = 5 * time.Second
 	// DefaultMaxSessions is the sessions (I_T nexuses) one target accepts.
 	DefaultMaxSessions = 1024
-	// DefaultKeepAliveInterval is how long a channel may be silent before the target probes
-	// its peer, and how long the probe may take: a peer gone without a DREQ is found within
-	// about this interval after its last sign of life.
+	// DefaultKeepAliveInterval bounds how long a peer gone without a DREQ keeps its channel:
+	// it is found within this interval of its last sign of life (see Limits.KeepAliveInterval).
 	DefaultKeepAliveInterval = 30 * time.Second
 	// DefaultStallTimeout is how long a command may wait on the transport (RDMA transfers, the
 	// response send, send-queue room) before the channel counts as stalled.
@@ -126,9 +125,9 @@ type Limits struct {
 	// KeepAliveInterval is the liveness check of idle channels (DefaultKeepAliveInterval;
 	// negative: off). A channel with no completion for a quarter of it gets a zero-length RDMA
 	// WRITE, which the peer's RC transport acknowledges without its ULP (IBA C9-88: no rkey
-	// is checked); a probe not completed within half of it means the peer is gone, and the
-	// channel is torn down and its memory released: within one interval of the peer's last
-	// sign of life.
+	// is checked); a probe not completed within another quarter means the peer is gone, and
+	// the channel is torn down and its memory released: within one interval of the peer's
+	// last sign of life.
 	KeepAliveInterval time.Duration
 	// StallTimeout is how long a command may wait on the transport — an RDMA READ or WRITE,
 	// its response SEND, room in the send queue — before the channel is reported stalled
@@ -188,8 +187,9 @@ func (l Limits) withDefaults() Limits {
 // maintenancePeriod is the channels' maintenance tick: a quarter of the keep-alive interval or
 // of the stall timeout, whichever is shorter; 0 when both are off. With the keep-alive: the
 // first tick after the peer's last completion sees it, the next (at most half an interval
-// later) finds the channel idle and probes, and two ticks later the unanswered probe ends the
-// channel: within one interval of the last sign of life.
+// later) finds the channel idle and probes, and the tick after that ends the channel if the
+// probe is unanswered: within three quarters of an interval of the last sign of life, plus
+// the drain.
 func (l *Limits) maintenancePeriod() time.Duration {
 	var p time.Duration
 	if l.KeepAliveInterval > 0 {

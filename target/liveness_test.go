@@ -51,8 +51,8 @@ func TestKeepAliveReapsVanishedPeer(t *testing.T) {
 		t.Fatalf("channel of a vanished peer still up after %v", 10*interval)
 	}
 	took := time.Since(gone)
-	if took > interval+interval/4+250*time.Millisecond { // a tick of granularity, and scheduling slack
-		t.Errorf("reaped after %v, want within the interval %v (+ a tick)", took, interval)
+	if took > interval+interval/4 { // 3/4 of it by design; the rest is slack for the drain and a loaded -race run
+		t.Errorf("reaped after %v, want within the interval %v", took, interval)
 	}
 	waitFor(t, func() bool { s := e.tgt.Stats(); return s.MemoryBytes == 0 && s.MRs == 0 && s.Sessions == 0 })
 	if u := e.tgt.budget.Usage(); u.Memory != 0 || u.Sessions != 0 {

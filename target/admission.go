@@ -95,6 +95,7 @@ type Budget struct {
 	memory       int64
 	pending      int
 	sources      map[netip.Addr]*source
+	unrecorded   int // pending logins with memory reserved but not recorded yet (evictForMemory)
 
 	stats budgetCounters
 }
@@ -114,9 +115,10 @@ type pendingLogin struct {
 	evicted bool
 	// Memory: what its channel reserved (set by the login); whether an eviction handed that
 	// to another login; and what evictions handed to this one, not yet used.
-	mem       int64
-	handedOff bool
-	credit    int64
+	mem        int64
+	handedOff  bool
+	credit     int64
+	unrecorded bool // reserved by takeMemory, not yet recorded by setPendingMemory
 }
 
 // NewBudget returns a budget with cfg's bounds.
@@ -187,12 +189,16 @@ func (b *Budget) takeMemory(n int64, p *pendingLogin) bool {
 	defer b.mu.Unlock()
 	if p != nil && p.credit >= n {
 		p.credit -= n // already counted in b.memory
-		return true
+	} else {
+		if b.cfg.MaxMemory > 0 && b.memory+n > b.cfg.MaxMemory {
+			return false
+		}
+		b.memory += n
 	}
-	if b.cfg.MaxMemory > 0 && b.memory+n > b.cfg.MaxMemory {
-		return false
+	if p != nil && !p.unrecorded {
+		p.unrecorded = true
+		b.unrecorded++
 	}
-	b.memory += n
 	return true
 }
 
@@ -203,6 +209,7 @@ func (b *Budget) putMemory(n int64, p *pendingLogin) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if p != nil {
+		b.recordedLocked(p)
 		handed := p.handedOff
 		p.mem, p.handedOff = 0, false
 		if handed {
@@ -216,24 +223,24 @@ func (b *Budget) putMemory(n int64, p *pendingLogin) {
 func (b *Budget) setPendingMemory(p *pendingLogin, n int64) {
 	b.mu.Lock()
 	p.mem = n
+	b.recordedLocked(p)
 	b.mu.Unlock()
 }
 
-// othersPending reports whether pending logins other than p exist (one may be reserving
-// memory right now and become evictable in a moment).
-func (b *Budget) othersPending(p *pendingLogin) bool {
+// unrecordedMemory reports whether some pending login has reserved memory that is not
+// recorded (so not evictable) yet: its channel is being created right now.
+func (b *Budget) unrecordedMemory() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	n := b.pending
-	if s := b.sources[p.src]; s != nil {
-		for _, q := range s.pending {
-			if q == p {
-				n--
-				break
-			}
-		}
+	return b.unrecorded > 0
+}
+
+// recordedLocked ends p's unrecorded reservation, if it has one.
+func (b *Budget) recordedLocked(p *pendingLogin) {
+	if p != nil && p.unrecorded {
+		p.unrecorded = false
+		b.unrecorded--
 	}
-	return n > 0
 }
 
 // settle ends p's evictability once its connection is up: false if an eviction has handed
@@ -381,6 +388,7 @@ func (b *Budget) finish(p *pendingLogin, actx context.Context) {
 	defer b.mu.Unlock()
 	b.memory -= p.credit // handed over, not used
 	p.credit = 0
+	b.recordedLocked(p)
 	if !p.evicted {
 		if actx.Err() == context.DeadlineExceeded {
 			b.stats.timedOut++

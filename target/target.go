@@ -257,17 +257,17 @@ func (t *Target) Login(dev transport.Device, req srp.LoginReq, info ConnInfo) (*
 // channels are gone.)
 func (t *Target) login(dev transport.Device, req srp.LoginReq, info ConnInfo, p *pendingLogin) (*PendingChannel, LoginDecision, error) {
 	retry := p != nil
-	pc, d, err := t.login1(dev, req, info, p, !retry)
 	if !retry {
-		return pc, d, err
+		return t.login1(dev, req, info, nil, true)
 	}
+	pc, d, err := t.login1(dev, req, info, p, false)
 	deadline := time.Now().Add(memoryRetry)
 	for d.Cause == CauseMemoryBudget && time.Now().Before(deadline) {
 		if !t.budget.evictForMemory(d.memNeed, p) {
-			if !t.budget.othersPending(p) {
+			if !t.budget.unrecordedMemory() {
 				break // established channels hold the memory: a real rejection
 			}
-			time.Sleep(5 * time.Millisecond) // another login is reserving right now
+			time.Sleep(5 * time.Millisecond) // another login's channel is being created right now
 		}
 		pc, d, err = t.login1(dev, req, info, p, false)
 	}
@@ -277,7 +277,6 @@ func (t *Target) login(dev transport.Device, req srp.LoginReq, info ConnInfo, p 
 	return pc, d, err
 }
 
-// login1 is one login attempt; report: count and log a rejection.
 // memoryRetry bounds how long a login keeps evicting half-open logins to get memory.
 const memoryRetry = time.Second
 

@@ -291,16 +291,11 @@ func (b *Budget) evictForMemory(n int64, to *pendingLogin) bool {
 	return to.credit >= n
 }
 
-// admitRequest decides whether a connection request from src may start a login: it takes a
-// token of the source's rate, and a pending slot (evicting the oldest pending login of the
-// source, or of the busiest source, when the bounds are reached). The returned context
-// bounds the wait for the RTU; done must be called once the login has its RTU or failed.
-func (b *Budget) admitRequest(ctx context.Context, src netip.Addr) (actx context.Context, done func(), ok bool) {
-	_, actx, done, ok = b.admit(ctx, src)
-	return actx, done, ok
-}
-
-// admit is admitRequest that also returns the pending login (for its memory accounting).
+// admit decides whether a connection request from src may start a login: it takes a token of
+// the source's rate, and a pending slot (evicting the oldest pending login of the source, or of
+// the busiest source, when the bounds are reached). It returns the pending login (for its
+// memory accounting), the context that bounds the wait for the RTU, and done, which must be
+// called once the login has its RTU or failed.
 func (b *Budget) admit(ctx context.Context, src netip.Addr) (_ *pendingLogin, actx context.Context, done func(), ok bool) {
 	now := b.now()
 	b.mu.Lock()

@@ -250,13 +250,13 @@ func TestAdmitRequest(t *testing.T) {
 	}
 	var got []adm
 	for i := 0; i < 5; i++ {
-		ctx, done, ok := b.admitRequest(context.Background(), a)
+		ctx, done, ok := admitCtx(b, a)
 		if !ok {
 			t.Fatalf("request %d within the burst refused", i)
 		}
 		got = append(got, adm{ctx, done})
 	}
-	if _, _, ok := b.admitRequest(context.Background(), a); ok {
+	if _, _, ok := admitCtx(b, a); ok {
 		t.Fatal("request over the burst admitted")
 	}
 	// Three pending at most: the first two were evicted, oldest first.
@@ -270,19 +270,19 @@ func TestAdmitRequest(t *testing.T) {
 	}
 	advance(200 * time.Millisecond) // two tokens
 	for i := 0; i < 2; i++ {
-		ctx, done, ok := b.admitRequest(context.Background(), a)
+		ctx, done, ok := admitCtx(b, a)
 		if !ok {
 			t.Fatalf("refill %d refused", i)
 		}
 		got = append(got, adm{ctx, done})
 	}
-	if _, _, ok := b.admitRequest(context.Background(), a); ok {
+	if _, _, ok := admitCtx(b, a); ok {
 		t.Fatal("admitted beyond the refill")
 	}
 	// Fill the table from other sources: the busiest (a, 3 pending) loses its oldest.
 	var others []adm
 	for i := 0; i < 5; i++ {
-		ctx, done, ok := b.admitRequest(context.Background(), netip.AddrFrom4([4]byte{10, 0, 1, byte(i)}))
+		ctx, done, ok := admitCtx(b, netip.AddrFrom4([4]byte{10, 0, 1, byte(i)}))
 		if !ok {
 			t.Fatal(i)
 		}
@@ -296,7 +296,7 @@ func TestAdmitRequest(t *testing.T) {
 			t.Fatal("a source with one pending login was evicted")
 		}
 	}
-	ctx, done, ok := b.admitRequest(context.Background(), netip.MustParseAddr("10.0.2.1"))
+	ctx, done, ok := admitCtx(b, netip.MustParseAddr("10.0.2.1"))
 	if !ok {
 		t.Fatal("a new source refused at the total bound")
 	}
@@ -310,7 +310,7 @@ func TestAdmitRequest(t *testing.T) {
 	}
 	// Under pressure, pending logins older than the shrunk timeout expire at the next request.
 	advance(1500 * time.Millisecond)
-	ctx2, done2, ok := b.admitRequest(context.Background(), netip.MustParseAddr("10.0.2.2"))
+	ctx2, done2, ok := admitCtx(b, netip.MustParseAddr("10.0.2.2"))
 	if !ok {
 		t.Fatal("refused after expiry")
 	}
@@ -383,4 +383,10 @@ func TestForgedLoginsDoNotHoldMemory(t *testing.T) {
 	if s := e.tgt.Stats(); s.Rejects[CauseMemoryBudget] == 0 {
 		t.Fatal("memory rejections not counted")
 	}
+}
+
+// admitCtx is Budget.admit without the pending login.
+func admitCtx(b *Budget, src netip.Addr) (context.Context, func(), bool) {
+	_, ctx, done, ok := b.admit(context.Background(), src)
+	return ctx, done, ok
 }

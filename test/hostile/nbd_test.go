@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/srpd/srpd/internal/testutil"
 )
 
 // A minimal NBD client (fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies; the protocol of
@@ -21,17 +23,15 @@ import (
 // runs verified I/O through it for as long as an attack lasts.
 
 const (
-	nbdOptMagic     = 0x49484156454F5054 // "IHAVEOPT"
-	nbdOptExport    = 1
-	nbdReqMagic     = 0x25609513
-	nbdReplyMagic   = 0x67446698
-	nbdCmdRead      = 0
-	nbdCmdWrite     = 1
-	nbdCmdDisc      = 2
-	nbdCmdFlush     = 3
-	nbdFlagFixed    = 1
-	nbdFlagNoZeroes = 2
-	nbdOpTimeout    = 10 * time.Second
+	nbdOptMagic   = 0x49484156454F5054 // "IHAVEOPT"
+	nbdReqMagic   = 0x25609513
+	nbdReplyMagic = 0x67446698
+	nbdCmdRead    = 0
+	nbdCmdWrite   = 1
+	nbdCmdDisc    = 2
+	nbdCmdFlush   = 3
+	nbdFlagFixed  = 1
+	nbdOpTimeout  = 10 * time.Second
 )
 
 var errNBDReplyMagic = errors.New("nbd: bad reply magic")
@@ -49,43 +49,11 @@ type nbdClient struct {
 
 // nbdHandshake dials socket and negotiates the default export.
 func nbdHandshake(socket string) (*nbdClient, error) {
-	c, err := net.DialTimeout("unix", socket, 5*time.Second)
+	c, size, err := testutil.DialNBD(socket, "", nbdOpTimeout)
 	if err != nil {
 		return nil, err
 	}
-	_ = c.SetDeadline(time.Now().Add(nbdOpTimeout))
-	var hello [18]byte
-	if _, err := io.ReadFull(c, hello[:]); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("nbd hello: %w", err)
-	}
-	if string(hello[:8]) != "NBDMAGIC" || binary.BigEndian.Uint64(hello[8:16]) != nbdOptMagic {
-		c.Close()
-		return nil, fmt.Errorf("nbd hello: not a newstyle server: %x", hello)
-	}
-	cflags := uint32(nbdFlagFixed)
-	if binary.BigEndian.Uint16(hello[16:])&nbdFlagNoZeroes != 0 {
-		cflags |= nbdFlagNoZeroes
-	}
-	opt := binary.BigEndian.AppendUint32(nil, cflags)
-	opt = binary.BigEndian.AppendUint64(opt, nbdOptMagic)
-	opt = binary.BigEndian.AppendUint32(opt, nbdOptExport)
-	opt = binary.BigEndian.AppendUint32(opt, 0)
-	if _, err := c.Write(opt); err != nil {
-		c.Close()
-		return nil, err
-	}
-	n := 10
-	if cflags&nbdFlagNoZeroes == 0 {
-		n += 124
-	}
-	rep := make([]byte, n)
-	if _, err := io.ReadFull(c, rep); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("nbd export: %w", err)
-	}
-	_ = c.SetDeadline(time.Time{})
-	return &nbdClient{c: c, size: int64(binary.BigEndian.Uint64(rep))}, nil
+	return &nbdClient{c: c, size: size}, nil
 }
 
 func nbdRequest(typ uint16, handle uint64, off uint64, length uint32) []byte {

@@ -202,8 +202,7 @@ func (t *Target) isClosing() bool {
 // the connection on a goroutine of its own.
 func (t *Target) handleConnRequest(l *queuedLogin, dev transport.Device) {
 	cr, ctx := l.cr, l.ctx
-	if ctx.Err() != nil { // evicted or timed out while queued: cheap to answer
-		t.stats.loginsUnfinished.Add(1)
+	if ctx.Err() != nil { // evicted or timed out while queued: never accepted, so a rejection (not unfinished)
 		t.rejectRequest(cr, CauseLoginRate)
 		l.done()
 		return

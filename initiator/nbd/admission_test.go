@@ -64,9 +64,15 @@ func TestSlowReadersDoNotBlockOthers(t *testing.T) {
 		c.send(cmdRead, 0, 1, 0, big, nil)
 		c.send(cmdRead, 0, 2, big, big, nil)
 		// Never read: the replies fill the socket and the buffers stay held.
+		if i < 3 {
+			// One connection after the other: the fair share among holders decides what
+			// each gets, so started together the four would hold 32 MiB each. In turn,
+			// three get their 64 MiB and the fourth waits for the unreserved part
+			// (192 MiB), the worst case for the other clients.
+			want := int64(2 * (i + 1))
+			waitFor(t, "the slow readers' reads in the device", func() bool { return disk.reads.Load() >= want })
+		}
 	}
-	// Three connections get their 64 MiB; the fourth waits for the unreserved part (192 MiB).
-	waitFor(t, "the slow readers' reads in the device", func() bool { return disk.reads.Load() >= 6 })
 	settle(t, ts.Server)
 	st := ts.Stats()
 	if st.BufferInUse < 3*2*big {

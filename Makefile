@@ -49,7 +49,7 @@ bench-go:
 # Every fuzz target of the module (scripts/fuzz-smoke.sh): FUZZ_EXECS executions each (count-
 # based: a time-based -fuzztime can fail at its deadline on Go 1.26, golang/go#75804) while
 # FUZZ_BUDGET seconds last, then the remaining targets run their corpus only; a summary line
-# per target, and failure if any failed. .ci/run runs it after `make test` (34 targets at the
+# per target, and failure if any failed. .ci/run runs it after `make test` (44 targets at the
 # defaults: about 3 minutes here, 2 cores).
 FUZZ_BUDGET ?= 420
 FUZZ_EXECS ?= 20000x

@@ -129,9 +129,18 @@ func TestSessionFlood(t *testing.T) {
 	for _, k := range sortedByCount(otherErrs) {
 		t.Logf("session flood: failed %d×: %s", otherErrs[k], k)
 	}
-	if mt, err := d.scrape(); err == nil {
+	if mt, err := d.scrape(); err != nil {
+		t.Errorf("session flood: metrics: %v", err)
+	} else {
 		t.Logf("session flood: the target has %.0f channels and %.1f GiB of registered (mapped) memory",
 			sum(mt, "srpd_target_channels"), sum(mt, "srpd_target_registered_memory_bytes")/(1<<30))
+		// Every rejection the clients saw is counted where operators look for it.
+		if got, want := sum(mt, "srpd_target_login_rejects_total"), float64(total(rejected)); got < want {
+			t.Errorf("session flood: srpd_target_login_rejects_total %.0f, the clients saw %.0f rejections", got, want)
+		}
+		if got, lim := sum(mt, "srpd_admission_registered_memory_bytes"), sum(mt, "srpd_admission_registered_memory_limit_bytes"); lim <= 0 || got > lim {
+			t.Errorf("session flood: srpd_admission_registered_memory_bytes %.0f against limit %.0f", got, lim)
+		}
 	}
 	t.Logf("session flood: srpd reports %d target sessions; srpd peak RSS %s (VmHWM %s; budget %s = min(4 GiB, MemTotal/2)); this client's RSS %s",
 		st.Sessions, mib(peak), mib(d.peakRSS()), mib(d.budget), mib(selfRSS()))

@@ -125,6 +125,29 @@ func TestREQFlood(t *testing.T) {
 	if ok != len(results) {
 		t.Errorf("REQ flood: %d of %d legitimate logins failed or took longer than %v while forged REQs held login slots", len(results)-ok, len(results), legitLoginBound)
 	}
+	// The flood is visible to operators: forged logins end as evicted, timed out, rate limited,
+	// rejected or unfinished (REP sent, no RTU), and none is left pending once the login
+	// timeout has passed.
+	seen := 0.0
+	for _, name := range []string{"srpd_admission_pending_logins_evicted_total", "srpd_admission_pending_logins_timed_out_total",
+		"srpd_admission_rate_limited_total", "srpd_target_login_rejects_total", "srpd_target_logins_unfinished_total"} {
+		v := sum(m1, name) - sum(m0, name)
+		t.Logf("REQ flood: %s +%.0f", name, v)
+		seen += v
+	}
+	if seen == 0 {
+		t.Errorf("REQ flood: %d forged REQs left no trace in the admission and login metrics", forged)
+	}
+	pendingGone := false
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		if mt, err := d.scrape(); err == nil && sum(mt, "srpd_admission_pending_logins") == 0 {
+			pendingGone = true
+			break
+		}
+	}
+	if !pendingGone {
+		t.Errorf("REQ flood: pending logins still held 15 s after the last forged REQ")
+	}
 	d.withinBudget(t, "REQ flood")
 	p.since(m).check(t, "REQ flood")
 }

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/srpd/srpd/frpool"
+	"github.com/srpd/srpd/internal/cqpoll"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
 	"github.com/srpd/srpd/transport"
@@ -37,14 +38,18 @@ const (
 	nTargetReqs = 4  // receive buffers beyond commands and TM for CRED_REQ, AER_REQ, T_LOGOUT
 	maxCtrlQ    = 16 // target requests waiting for a free response buffer
 	iuAlign     = 64
-	// maxDirectRepolls bounds the extra polls onCQ makes for the LOCAL_INV completions of
-	// direct commands (Buffer) it has just invalidated.
+	// maxDirectRepolls bounds the extra polls a run of the completion handler makes for the
+	// LOCAL_INV completions of direct commands (Buffer) it has just invalidated.
 	maxDirectRepolls = 2
+)
 
-	// Work-request IDs of the channel's own send WRs (the pool keeps them for us).
-	wrCmd  = uint64(1) << 40
-	wrTM   = uint64(2) << 40
-	wrCtrl = uint64(3) << 40
+// Work request kinds (cqpoll.WRID). Receive WRs carry them on the wire; the send WRs go through
+// the MR pool, which keeps their IDs for us and puts its own (frpool.WRIDTag) on the wire.
+const (
+	kindRecv cqpoll.Kind = iota // a receive buffer (index: its number; the ID is the number)
+	kindCmd                     // a command's SEND (index: the request slot)
+	kindTM                      // a task management IU (index: low bits of its sequence)
+	kindCtrl                    // a CRED_RSP / AER_RSP (index: the control buffer)
 )
 
 var (
@@ -137,19 +142,16 @@ type channel struct {
 	postMu sync.RWMutex
 	tmMu   sync.Mutex // one task management function at a time
 
-	// pollMu is held by serve while it is not waiting, and by onCQ (run by the transport's
-	// receive goroutine) while it handles completions in serve's place: the fields below that
-	// serve owns are only touched under it while serving.
-	asyncQ  []*request // answered asynchronous commands to finish after the batch (mu)
-	asyncW  []*request // runAsync's copy (pollMu)
-	pollMu  sync.Mutex
-	serving bool           // serve is running (pollMu)
-	srvQPN  uint32         // the QP serve polls for (pollMu)
-	hwcs    []transport.WC // onCQ's poll buffer (pollMu)
-	hPend   []transport.WC // completions onCQ left to serve, in order (pollMu)
-	hErr    error          // the error onCQ's last handled completion gave, for serve (pollMu)
+	// cqp owns the CQ. Its lock is held by serve while it is not waiting, and by the handler
+	// it runs on the transport's receive goroutine (cqHandler) while that handles completions
+	// in serve's place: the fields below that serve owns are only touched under it while
+	// serving.
+	cqp    *cqpoll.Poller
+	router cqpoll.Router // completions by work request kind (handleWC)
+	asyncQ []*request    // answered asynchronous commands to finish after the batch (mu)
+	asyncW []*request    // runAsync's copy (cqp)
 
-	// Owned by the channel goroutine (and onCQ, see pollMu).
+	// Owned by the channel goroutine (and the completion handler, see cqp).
 	wcs        []transport.WC
 	leftover   []transport.WC
 	rwr        [1]transport.RecvWR
@@ -243,6 +245,7 @@ func newChannel(s *Session, idx int) (*channel, error) {
 		c.release()
 		return nil, fmt.Errorf("initiator: channel %d: CQ: %w", idx, err)
 	}
+	c.initCompletions()
 	if c.dataMem, err = dev.AllocMemory(qd * cfg.MaxIOSize); err != nil {
 		c.release()
 		return nil, fmt.Errorf("initiator: channel %d: data buffers: %w", idx, err)
@@ -273,10 +276,8 @@ func newChannel(s *Session, idx int) (*channel, error) {
 	n := 256
 	c.wcs = make([]transport.WC, n)
 	c.leftover = make([]transport.WC, 0, n)
-	c.hwcs = make([]transport.WC, 64)
 	c.asyncQ = make([]*request, 0, qd)
 	c.asyncW = make([]*request, 0, qd)
-	c.hPend = make([]transport.WC, 0, n)
 	c.rwr[0].SGL = c.rsge[:]
 	c.ctrlQ = make([]ctrlMsg, 0, maxCtrlQ)
 	c.invQ = make([]*request, 0, qd)
@@ -451,7 +452,7 @@ func roundUp(n, a int) int { return (n + a - 1) / a * a }
 func (c *channel) postRecv(i int) error {
 	off := c.rxOff + i*c.rxStr
 	c.rsge[0] = transport.SGE{Addr: c.iuMem.Addr() + uint64(off), Length: uint32(c.params.rxIULen), LKey: c.iuMR.LKey()}
-	c.rwr[0].ID = uint64(i)
+	c.rwr[0].ID = cqpoll.WRID(kindRecv, uint32(i))
 	if err := c.qp.PostRecv(c.rwr[:]); err != nil {
 		return err
 	}
@@ -566,9 +567,8 @@ func (c *channel) startCmd(ctx context.Context, r *request, spec *cmdSpec, wait 
 	// process, on the same device), the post is bracketed so that the command, the target's
 	// answer and its completion are processed right here (transport.Progresser). Hold only
 	// from here on: nothing below blocks, so nothing can wait for this Progress.
-	if p := c.s.prog; p != nil {
-		p.Hold()
-		defer p.Progress() // after postMu is released
+	if c.cqp.Hold() {
+		defer c.cqp.Progress() // after postMu is released
 	}
 	sent, err := c.post(r)
 	c.postMu.RUnlock()
@@ -701,7 +701,7 @@ func (c *channel) post(r *request) (sent bool, err error) {
 	}
 	if err == nil {
 		r.sge[0] = transport.SGE{Addr: r.iuAddr, Length: uint32(n), LKey: c.iuMR.LKey()}
-		r.wr[0] = transport.SendWR{ID: wrCmd | uint64(r.idx), Opcode: transport.WRSend, SGL: r.sge[:]}
+		r.wr[0] = transport.SendWR{ID: cqpoll.WRID(kindCmd, uint32(r.idx)), Opcode: transport.WRSend, SGL: r.sge[:]}
 		// The registrations are live from the post on: account for them first.
 		c.mu.Lock()
 		r.nregs, r.pending, r.ungiven = k, k, k
@@ -774,7 +774,7 @@ func (c *channel) taskMgmt(fn srp.TaskMgmtFunc, lun uint64, lunAddr srp.LUN, tas
 	n, err := srp.TskMgmt(buf).Encode(&srp.TskMgmtFields{Tag: tagBytes(tag), LUN: lunAddr, Func: fn, TaskTag: tagBytes(taskTag)})
 	if err == nil {
 		sge := [1]transport.SGE{{Addr: c.iuMem.Addr() + uint64(off), Length: uint32(n), LKey: c.iuMR.LKey()}}
-		wr := [1]transport.SendWR{{ID: wrTM | uint64(seq&0xffff), Opcode: transport.WRSend, SGL: sge[:]}}
+		wr := [1]transport.SendWR{{ID: cqpoll.WRID(kindTM, seq&0xffff), Opcode: transport.WRSend, SGL: sge[:]}}
 		err = c.pool.Post(&frpool.Chain{WRs: wr[:]})
 	}
 	c.postMu.RUnlock()
@@ -871,10 +871,8 @@ func (c *channel) requestReset(cause error) {
 
 func (c *channel) run() {
 	defer close(c.exited)
-	if h, ok := c.cq.(transport.CompletionHandler); ok && !c.s.cfg.NoCompletionHandler {
-		h.SetCompletionHandler(c.onCQ)
-		defer h.SetCompletionHandler(nil)
-	}
+	c.cqp.Attach()
+	defer c.cqp.Detach()
 	failures := 0
 	for {
 		if c.live() {
@@ -932,25 +930,17 @@ func (c *channel) serve() error {
 	qpn := c.qp.QPN()
 	var logout error
 	var drainBy <-chan time.Time
-	c.pollMu.Lock()
-	c.serving, c.srvQPN, c.hErr = true, qpn, nil
-	c.hPend = c.hPend[:0]
-	defer func() {
-		c.serving = false
-		c.pollMu.Unlock()
-	}()
+	c.cqp.Begin(qpn)
+	defer c.cqp.End()
 	for {
-		var n, first int
-		var err error
-		if c.hErr != nil || len(c.hPend) > 0 {
-			// Where onCQ stopped: the error of the completion it handled last, then the
-			// completions it left (they fit: hPend holds at most len(hwcs) < len(wcs)).
-			err, c.hErr = c.hErr, nil
-			n = copy(c.wcs, c.hPend)
-			c.hPend = c.hPend[:0]
+		// Where the completion handler stopped, if it did: the error of the completion it
+		// handled last, then the completions it left (they fit: it polls fewer than wcs holds).
+		n, err, left := c.cqp.Take(c.wcs)
+		first := 0
+		if left {
 			first = -1
 		} else {
-			n = c.cq.Poll(c.wcs)
+			n = c.cqp.Poll(c.wcs)
 		}
 		for i := first; i < n; i++ {
 			if i >= 0 {
@@ -994,7 +984,7 @@ func (c *channel) serve() error {
 		if n > 0 || first < 0 {
 			continue
 		}
-		c.pollMu.Unlock()
+		c.cqp.Unlock()
 		var (
 			ev  transport.CMEvent
 			got bool
@@ -1002,17 +992,17 @@ func (c *channel) serve() error {
 		)
 		select {
 		case <-drainBy:
-			c.pollMu.Lock()
+			c.cqp.Lock()
 			return logout
-		case <-c.cq.Notify():
+		case <-c.cqp.Notify():
 		case <-c.kick:
 		case ev, ok = <-c.events:
 			got = true
 		case <-c.stop:
-			c.pollMu.Lock()
+			c.cqp.Lock()
 			return ErrClosed
 		}
-		c.pollMu.Lock()
+		c.cqp.Lock()
 		if got {
 			if !ok {
 				c.events = nil
@@ -1025,59 +1015,43 @@ func (c *channel) serve() error {
 	}
 }
 
-// onCQ is the channel's completion handler (transport.CompletionHandler), run by the
-// transport's receive goroutine: while serve waits, it handles successful completions in
-// serve's place (a response signals its caller without waking the channel goroutine first)
-// and gives the handles of finished requests back. Anything unusual (a failed completion, an
-// error, a target logout) stops it: what it did not handle goes to serve through hPend/hErr,
-// and the token wakes serve.
-func (c *channel) onCQ() bool {
-	if !c.pollMu.TryLock() {
-		return false
-	}
-	defer c.pollMu.Unlock()
-	if !c.serving || c.hErr != nil || len(c.hPend) > 0 || !c.live() {
-		return false
-	}
-	extra := 0
-	for {
-		n := c.cq.Poll(c.hwcs)
-		for i := 0; i < n; i++ {
-			wc := &c.hwcs[i]
-			if wc.QPN != c.srvQPN {
-				continue
-			}
-			if wc.Status != transport.WCSuccess {
-				c.hPend = append(c.hPend, c.hwcs[i:n]...)
-				c.afterBatch()
-				c.runAsync()
-				return false
-			}
-			if err := c.handleWC(wc); err != nil {
-				c.hErr = err
-				c.hPend = append(c.hPend, c.hwcs[i+1:n]...)
-				c.afterBatch()
-				c.runAsync()
-				return false
-			}
-		}
-		if n == len(c.hwcs) {
-			continue
-		}
-		// A direct command completes only once its LOCAL_INVs are confirmed; posted from
-		// here, they usually execute at once (the engine runs local operations in the post),
-		// so their completions are polled in this call rather than in a later wake-up.
-		if !c.afterBatch() || extra == maxDirectRepolls {
-			break
-		}
-		extra++
-	}
-	c.runAsync()
-	c.s.stats.handlerBatches.Add(1)
-	return true
+// cqHandler is the channel's cqpoll.Handler, run by the transport's receive goroutine: while
+// serve waits, it handles successful completions in serve's place (a response signals its
+// caller without waking the channel goroutine first) and gives the handles of finished requests
+// back. Anything unusual (a failed completion, an error, a target logout) stops it: what it did
+// not handle goes to serve (cqpoll.Poller.Take), and the token wakes serve.
+type cqHandler channel
+
+func (h *cqHandler) Ready() bool { return (*channel)(h).live() }
+
+func (h *cqHandler) HandleCompletion(wc *transport.WC) error { return (*channel)(h).handleWC(wc) }
+
+// EndBatch gives back the handles of the requests the batch finished. A direct command
+// completes only once its LOCAL_INVs are confirmed; posted from here, they usually execute at
+// once (the engine runs local operations in the post), so their completions are polled in the
+// same run (repoll) rather than in a later wake-up.
+func (h *cqHandler) EndBatch() bool { return (*channel)(h).afterBatch() }
+
+func (h *cqHandler) EndRun(took bool) bool {
+	(*channel)(h).runAsync()
+	return took
 }
 
-// runAsync finishes the asynchronous commands answered in the batch (pollMu held, c.mu not).
+// initCompletions sets up the channel's poller and the routes of its work request kinds.
+func (c *channel) initCompletions() {
+	c.router.Tagged(frpool.WRIDTag, c.sendWC)
+	c.router.Route(kindRecv, c.recvWC)
+	c.router.Route(kindCtrl, c.ctrlWC)
+	// Commands and task management IUs are unsignaled: the pool delivers them only when they
+	// fail, and a failed completion never reaches handleWC.
+	c.cqp = cqpoll.New(cqpoll.Config{
+		CQ: c.cq, Handler: (*cqHandler)(c), Device: c.s.cfg.Device, Repolls: maxDirectRepolls,
+		NoEngine: c.s.cfg.NoCompletionHandler, Runs: &c.s.stats.handlerBatches,
+	})
+}
+
+// runAsync finishes the asynchronous commands answered in the batch (cqp's lock held, c.mu
+// not).
 func (c *channel) runAsync() {
 	c.mu.Lock()
 	if len(c.asyncQ) == 0 {
@@ -1095,25 +1069,31 @@ func (c *channel) runAsync() {
 }
 
 // handleWC handles one successful completion.
-func (c *channel) handleWC(wc *transport.WC) error {
-	if !isRecv(wc) {
-		deliver, err := c.pool.HandleSendCompletion(wc)
-		if err != nil && !errors.Is(err, frpool.ErrStaleCompletion) {
-			c.log.Warn("send completion refused by the MR pool", zap.Uint64("wr_id", wc.ID), zap.Error(err))
-		}
-		if deliver && wc.ID&^0xffff == wrCtrl {
-			c.ctrlBusy[wc.ID&0xffff] = false
-			c.sendQueuedCtrl()
-		}
-		return nil
+func (c *channel) handleWC(wc *transport.WC) error { return c.router.Dispatch(wc) }
+
+// sendWC hands a send completion to the MR pool, which delivers those of our CRED_RSP /
+// AER_RSP SENDs (signaled) back to us (ctrlWC).
+func (c *channel) sendWC(wc *transport.WC) (deliver bool, err error) {
+	deliver, err = c.pool.HandleSendCompletion(wc)
+	if err != nil && !errors.Is(err, frpool.ErrStaleCompletion) {
+		c.log.Warn("send completion refused by the MR pool", zap.Uint64("wr_id", wc.ID), zap.Error(err))
 	}
+	return deliver, nil
+}
+
+func (c *channel) ctrlWC(_ *transport.WC, i uint32) error {
+	c.ctrlBusy[i] = false
+	c.sendQueuedCtrl()
+	return nil
+}
+
+func (c *channel) recvWC(wc *transport.WC, i uint32) error {
 	c.recvPosted--
 	if err := c.pool.HandleRecvCompletion(wc); err != nil {
 		c.log.Warn("remote invalidation refused by the MR pool", zap.Uint32("rkey", wc.InvalidatedRKey), zap.Error(err))
 	}
-	i := int(wc.ID)
-	err := c.handleIU(c.rxBuf(i, wc.ByteLen))
-	if perr := c.postRecv(i); perr != nil && err == nil {
+	err := c.handleIU(c.rxBuf(int(i), wc.ByteLen))
+	if perr := c.postRecv(int(i)); perr != nil && err == nil {
 		err = perr
 	}
 	return err
@@ -1314,7 +1294,7 @@ func (c *channel) sendCtrl(op srp.Opcode, tag srp.Tag) {
 			n, _ = srp.AerRsp(buf).Encode(&srp.AerRspFields{Tag: tag})
 		}
 		c.ctrlSGE[0] = transport.SGE{Addr: c.iuMem.Addr() + uint64(off), Length: uint32(n), LKey: c.iuMR.LKey()}
-		c.ctrlWR[0] = transport.SendWR{ID: wrCtrl | uint64(i), Opcode: transport.WRSend, Flags: transport.SendSignaled, SGL: c.ctrlSGE[:]}
+		c.ctrlWR[0] = transport.SendWR{ID: cqpoll.WRID(kindCtrl, uint32(i)), Opcode: transport.WRSend, Flags: transport.SendSignaled, SGL: c.ctrlSGE[:]}
 		if err := c.pool.Post(&c.ctrlChain); err != nil {
 			if ok, held := c.ctrlLog.allow(); ok {
 				c.log.Warn("cannot answer target request", zap.Stringer("iu", op), zap.Error(err), zap.Int("not_logged_since", held))
@@ -1353,7 +1333,7 @@ func (c *channel) sendQueuedCtrl() {
 // deadline. It reports whether done() became true.
 func (c *channel) drain(qpn uint32, deadline <-chan time.Time, done func() bool, graceful bool) bool {
 	for !done() {
-		n := c.cq.Poll(c.wcs)
+		n := c.cqp.Poll(c.wcs)
 		for i := 0; i < n; i++ {
 			c.drainWC(&c.wcs[i], qpn, graceful)
 		}
@@ -1361,7 +1341,7 @@ func (c *channel) drain(qpn uint32, deadline <-chan time.Time, done func() bool,
 			continue
 		}
 		select {
-		case <-c.cq.Notify():
+		case <-c.cqp.Notify():
 		case <-deadline:
 			return done()
 		}
@@ -1390,7 +1370,7 @@ func (c *channel) drainWC(wc *transport.WC, qpn uint32, graceful bool) {
 	}
 	_ = c.pool.HandleRecvCompletion(wc)
 	if wc.Status == transport.WCSuccess {
-		_ = c.handleIU(c.rxBuf(int(wc.ID), wc.ByteLen))
+		_ = c.handleIU(c.rxBuf(int(cqpoll.IndexOf(wc.ID)), wc.ByteLen))
 	}
 }
 
@@ -1484,9 +1464,9 @@ func (c *channel) teardown(cause error) {
 	c.events = nil
 	// Answers drained above, and direct commands whose registrations the teardown released,
 	// were queued for runAsync: finish them now, not at the next connection's first batch.
-	c.pollMu.Lock()
+	c.cqp.Lock()
 	c.runAsync()
-	c.pollMu.Unlock()
+	c.cqp.Unlock()
 }
 
 // giveBackRegs gives the pool every registration handle that in-flight requests still hold

@@ -106,7 +106,6 @@ type counters struct {
 type Session struct {
 	cfg   Config
 	log   *zap.Logger
-	prog  transport.Progresser // the device's, if it has one (channel.startCmd)
 	chans []*channel
 	iport srp.PortID
 	rr    atomic.Uint32
@@ -149,7 +148,6 @@ func Dial(ctx context.Context, cfg Config) (*Session, error) {
 		return nil, err
 	}
 	s := &Session{cfg: cfg, state: StateBlocked, changed: make(chan struct{}), done: make(chan struct{}), epoch: time.Now()}
-	s.prog, _ = cfg.Device.(transport.Progresser)
 	s.iport = cfg.InitiatorPortID
 	if s.iport == (srp.PortID{}) {
 		var guid uint64

@@ -43,9 +43,6 @@ const (
 	nTargetReqs = 4  // receive buffers beyond commands and TM for CRED_REQ, AER_REQ, T_LOGOUT
 	maxCtrlQ    = 16 // target requests waiting for a free response buffer
 	iuAlign     = 64
-	// maxDirectRepolls bounds the extra polls a run of the completion handler makes for the
-	// LOCAL_INV completions of direct commands (Buffer) it has just invalidated.
-	maxDirectRepolls = 2
 )
 
 var (
@@ -57,26 +54,39 @@ var (
 )
 
 // channel is one RDMA channel: an RC QP with its request table, credits, MR pool and the
-// goroutine that polls its completion queue and reconnects it.
+// goroutine that polls its completion queue and reconnects it. Its fields are grouped by the
+// lock that guards them; the comment of each group says which file's concern it is.
 type channel struct {
-	s   *Session
-	idx int
-	log *zap.Logger
-
-	// For the channel's lifetime.
+	// Set by newChannel, then read-only.
+	s       *Session
+	idx     int
+	log     *zap.Logger
 	pd      transport.PD
 	cq      transport.CQ
-	pool    *frpool.Pool
+	cqp     *cqpoll.Poller // owns the CQ; its lock guards the serve group below (completion.go)
+	router  cqpoll.Router  // completions by work request kind (completion.go)
 	dataMem transport.Memory
-	reqs    []request
-	free    chan *request
+	reqs    []request     // the request table (request.go)
+	free    chan *request // its free slots
 	sqDepth int
 	nRecv   int
-	maxRegs int // MRs per command at most
-	mrBytes int // bytes one MR maps
+	maxRegs int           // MRs per command at most
+	mrBytes int           // bytes one MR maps
+	kick    chan struct{} // wakes the channel goroutine (wake)
+	stop    chan struct{} // closed when the session stops the channel
+	exited  chan struct{} // closed when the channel goroutine has exited
 
-	// The connection; written by the channel goroutine under postMu (write), read by others
-	// under postMu (read) while live.
+	// Read without a lock.
+	state    atomic.Uint32 // chState; written under mu (rport.go)
+	capBytes atomic.Int64  // capacity(); written by activate
+
+	// postMu guards the connection (login.go, submit.go). The channel goroutine (or Dial)
+	// writes it under postMu (write) while the channel is down; every goroutine posting on the
+	// send queue holds postMu (read) and reads it while the channel is live. The channel
+	// goroutine also takes postMu (write) before it lets the pool handle a QP error (teardown),
+	// so a post is never half done when registrations are torn down.
+	postMu  sync.RWMutex
+	pool    *frpool.Pool // made by the first activate, then kept across connections (own lock)
 	qp      transport.QP
 	conn    transport.CMConn
 	events  <-chan transport.CMEvent
@@ -90,57 +100,46 @@ type channel struct {
 	tmBufs  [nTMBufs]int // offsets
 	ctrlBuf [nCtrlBufs]int
 
-	state    atomic.Uint32 // chState; written under mu
-	capBytes atomic.Int64  // capacity()
-
+	// mu guards the credits (credits.go), the completion state of the requests (request.go,
+	// see request), what error handling asks of the channel goroutine and the task management
+	// slot (eh.go).
 	mu          sync.Mutex
-	reqLim      int32
-	inflight    int
+	reqLim      int32         // credits
 	creditCh    chan struct{} // closed when credits arrive or the channel goes down
-	invQ        []*request    // requests whose registrations the goroutine must invalidate
-	ehReset     error         // channel reset requested by error handling
 	probing     bool          // a credit probe is in flight
 	lastProbe   time.Time
 	probeGained bool
+	inflight    int        // commands started and not signaled yet
+	invQ        []*request // requests whose registrations the end of the batch must invalidate
+	asyncQ      []*request // answered asynchronous commands to finish after the batch
+	ehReset     error      // channel reset requested by error handling
 	tm          tmState
 
-	// postMu (read) is held by every goroutine posting on the send queue; the channel goroutine
-	// takes it (write) before it lets the pool handle a QP error, so a post is never half done
-	// when registrations are torn down.
-	postMu sync.RWMutex
-	tmMu   sync.Mutex // one task management function at a time
+	// tmMu: one task management function at a time (eh.go).
+	tmMu sync.Mutex
 
-	// cqp owns the CQ. Its lock is held by serve while it is not waiting, and by the handler
-	// it runs on the transport's receive goroutine (cqHandler) while that handles completions
-	// in serve's place: the fields below that serve owns are only touched under it while
-	// serving.
-	cqp    *cqpoll.Poller
-	router cqpoll.Router // completions by work request kind (handleWC)
-	asyncQ []*request    // answered asynchronous commands to finish after the batch (mu)
-	asyncW []*request    // runAsync's copy (cqp)
-
-	// Owned by the channel goroutine (and the completion handler, see cqp).
+	// The serve group: owned by the channel goroutine, and while it serves only touched under
+	// the poller's lock (cqp), which the completion handler holds when it runs in serve's place
+	// (completion.go).
+	asyncW     []*request // runAsync's copy of asyncQ
 	wcs        []transport.WC
-	leftover   []transport.WC
+	leftover   []transport.WC // completions after the one that failed the connection (teardown)
 	rwr        [1]transport.RecvWR
 	rsge       [1]transport.SGE
 	recvPosted int
 	ctrlBusy   [nCtrlBufs]bool
 	ctrlQ      []ctrlMsg
-	invBatch   []*frpool.Reg
-	invWork    []*request
-	invChain   frpool.Chain
 	ctrlWR     [1]transport.SendWR
 	ctrlSGE    [1]transport.SGE
 	ctrlChain  frpool.Chain
+	invBatch   []*frpool.Reg
+	invWork    []*request
+	invChain   frpool.Chain
 
-	// What a target can send as fast as it likes is logged at most once per logInterval each
-	// (with the count of what was held back), so that a hostile target cannot flood the log.
+	// Each with its own lock: what a target can send as fast as it likes is logged at most
+	// once per logInterval each (with the count of what was held back), so that a hostile
+	// target cannot flood the log (completion.go).
 	foreignLog, aerLog, ctrlLog logLimit
-
-	kick   chan struct{}
-	stop   chan struct{}
-	exited chan struct{}
 }
 
 func (c *channel) getState() chState { return chState(c.state.Load()) }

@@ -21,6 +21,10 @@ import (
 	"github.com/srpd/srpd/transport"
 )
 
+// maxDirectRepolls bounds the extra polls a run of the completion handler makes for the
+// LOCAL_INV completions of direct commands (Buffer) it has just invalidated.
+const maxDirectRepolls = 2
+
 // Work request kinds (cqpoll.WRID). Receive WRs carry them on the wire; the send WRs go through
 // the MR pool, which keeps their IDs for us and puts its own (frpool.WRIDTag) on the wire.
 const (

@@ -6,6 +6,7 @@ package initiator
 // spends the reserved one on a probe that brings them back.
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -52,6 +53,71 @@ func (c *channel) addCreditsLocked(d int32) {
 }
 
 func clampCredits(v int64, hi int32) int32 { return int32(min(max(v, 0), int64(hi))) }
+
+// errNoCredit: startCmd without waiting found no credit.
+var errNoCredit = errors.New("initiator: no credit")
+
+// waitCmdCredit waits until the channel has a credit for a command: commands need req_lim > 1,
+// the last credit is reserved for task management. It returns with postMu (read) and mu held
+// and the credit still counted (beginLocked spends it), or with neither held and why not:
+// errChannelDown, ctx's error, or errNoCredit when told not to wait.
+func (c *channel) waitCmdCredit(ctx context.Context, wait bool) (err error) {
+	for {
+		c.postMu.RLock()
+		c.mu.Lock()
+		if c.getState() != chLive {
+			c.mu.Unlock()
+			c.postMu.RUnlock()
+			return errChannelDown
+		}
+		if c.reqLim > 1 {
+			break
+		}
+		var embargo time.Duration
+		if c.reqLim == 1 && c.inflight == 0 && !c.probing {
+			// Starved: nothing in flight will bring credits back (a target that returns
+			// those of aborted commands only with later responses, §8.5). Spend the reserved
+			// credit on a harmless task management function to collect them; at most once a
+			// second while probes gain nothing.
+			if since := time.Since(c.lastProbe); c.probeGained || since > time.Second {
+				c.probing = true
+				go c.creditProbe()
+			} else {
+				embargo = time.Second - since
+			}
+		}
+		if !wait {
+			c.mu.Unlock()
+			c.postMu.RUnlock()
+			return errNoCredit
+		}
+		w := c.creditWaitLocked()
+		c.mu.Unlock()
+		c.postMu.RUnlock()
+		c.s.stats.creditWaits.Add(1)
+		var recheck *time.Timer
+		var rc <-chan time.Time
+		if embargo > 0 {
+			// Nothing may ever close w (a probe whose credits others took at once): look
+			// again when the next probe is allowed.
+			recheck = time.NewTimer(embargo + time.Millisecond)
+			rc = recheck.C
+		}
+		select {
+		case <-w:
+		case <-rc:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		if recheck != nil {
+			recheck.Stop()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // creditProbe sends ABORT TASK for a tag never used, only for the credits its response carries.
 func (c *channel) creditProbe() {

@@ -16,8 +16,8 @@ import (
 	"github.com/srpd/srpd/transport"
 )
 
-// tmState is the channel's task management slot. Guarded by channel.mu except buf, which is
-// only written by the goroutine holding tmMu.
+// tmState is the channel's task management slot, guarded by channel.mu. Its IU buffers
+// (channel.tmBufs) are written only by the goroutine holding channel.tmMu.
 type tmState struct {
 	seq     uint32
 	tag     uint64

@@ -59,38 +59,44 @@ type counters struct {
 // request tables and credits, reconnection, and the logical units found on the target.
 // All methods are safe for concurrent use.
 type Session struct {
-	cfg   Config
-	log   *zap.Logger
-	chans []*channel
-	iport srp.PortID
-	rr    atomic.Uint32
+	// Set by Dial, then read-only.
+	cfg      Config
+	log      *zap.Logger
+	chans    []*channel
+	iport    srp.PortID
+	epoch    time.Time       // origin of now()
+	ctx      context.Context // cancelled when the session closes or is lost
+	cancel   context.CancelFunc
+	done     chan struct{} // closed when the session has shut down
+	shutOnce sync.Once     // shutdown's
+
+	// Read without a lock.
+	rr    atomic.Uint32 // round robin over the channels (request.go)
 	stats counters
 
-	epoch  time.Time       // origin of now()
-	ctx    context.Context // cancelled when the session closes or is lost
-	cancel context.CancelFunc
-
+	// mu guards the session's state and its timers (rport.go).
 	mu          sync.Mutex
 	state       State
-	live        int
+	live        int           // channels up
 	changed     chan struct{} // closed (and replaced) on every state or channel change
 	ffTimer     *time.Timer
 	dlTimer     *time.Timer
 	termErr     error // ErrClosed / ErrSessionLost once terminal
 	everRunning bool
-	done        chan struct{} // closed when the session has shut down
-	shutOnce    sync.Once
 
+	// loginMu serializes logins and guards what they negotiate (login.go).
 	loginMu  sync.Mutex
 	lp       loginParams
 	loginSeq uint64
 
-	ehMu sync.Mutex // one LOGICAL UNIT RESET at a time
+	// ehMu: one LOGICAL UNIT RESET at a time (eh.go).
+	ehMu sync.Mutex
 
+	// lunMu guards the logical units (lun.go).
 	lunMu sync.RWMutex
 	luns  []*LUN
 
-	bufs bufSet // AllocBuffer's Buffers
+	bufs bufSet // AllocBuffer's Buffers (own lock; buffer.go)
 }
 
 // Dial creates a session: it logs channel 0 in (negotiating IU lengths and formats down if the

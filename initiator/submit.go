@@ -6,7 +6,6 @@ package initiator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -24,65 +23,10 @@ func (c *channel) start(ctx context.Context, r *request, spec *cmdSpec) (posted 
 	return c.startCmd(ctx, r, spec, true)
 }
 
-// errNoCredit: startCmd without waiting found no credit.
-var errNoCredit = errors.New("initiator: no credit")
-
 // startCmd is start; without wait it returns errNoCredit instead of waiting for a credit.
 func (c *channel) startCmd(ctx context.Context, r *request, spec *cmdSpec, wait bool) (posted bool, err error) {
-	// Take a credit: commands need req_lim > 1, the last credit is reserved for task management.
-	for {
-		c.postMu.RLock()
-		c.mu.Lock()
-		if c.getState() != chLive {
-			c.mu.Unlock()
-			c.postMu.RUnlock()
-			return false, errChannelDown
-		}
-		if c.reqLim > 1 {
-			break
-		}
-		var embargo time.Duration
-		if c.reqLim == 1 && c.inflight == 0 && !c.probing {
-			// Starved: nothing in flight will bring credits back (a target that returns
-			// those of aborted commands only with later responses, §8.5). Spend the reserved
-			// credit on a harmless task management function to collect them; at most once a
-			// second while probes gain nothing.
-			if since := time.Since(c.lastProbe); c.probeGained || since > time.Second {
-				c.probing = true
-				go c.creditProbe()
-			} else {
-				embargo = time.Second - since
-			}
-		}
-		if !wait {
-			c.mu.Unlock()
-			c.postMu.RUnlock()
-			return false, errNoCredit
-		}
-		w := c.creditWaitLocked()
-		c.mu.Unlock()
-		c.postMu.RUnlock()
-		c.s.stats.creditWaits.Add(1)
-		var recheck *time.Timer
-		var rc <-chan time.Time
-		if embargo > 0 {
-			// Nothing may ever close w (a probe whose credits others took at once): look
-			// again when the next probe is allowed.
-			recheck = time.NewTimer(embargo + time.Millisecond)
-			rc = recheck.C
-		}
-		select {
-		case <-w:
-		case <-rc:
-		case <-ctx.Done():
-			err = ctx.Err()
-		}
-		if recheck != nil {
-			recheck.Stop()
-		}
-		if err != nil {
-			return false, err
-		}
+	if err := c.waitCmdCredit(ctx, wait); err != nil {
+		return false, err
 	}
 	// c.mu and postMu (read) held.
 	c.beginLocked(r, spec)

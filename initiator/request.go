@@ -1,8 +1,12 @@
 package initiator
 
+// The request table, after ib_srp.c's ch->req_ring and blk-mq's unique tags: the slots, their
+// tags, when a command is over and when its slot and buffers are free again.
+
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -152,6 +156,65 @@ type request struct {
 	direct bool
 }
 
+// acquire takes a free request slot on a connected channel, round robin; while no channel is
+// connected it waits (I/O held) until one is, fast_io_fail_tmo or dev_loss_tmo expire, or ctx
+// ends.
+func (s *Session) acquire(ctx context.Context) (*request, error) {
+	n := len(s.chans)
+	for {
+		if r := s.tryAcquire(); r != nil {
+			return r, nil
+		}
+		s.mu.Lock()
+		st, changed, term := s.state, s.changed, s.termErr
+		s.mu.Unlock()
+		switch st {
+		case StateLost, StateClosed:
+			return nil, term
+		case StateFailFast:
+			return nil, ErrFastFail
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		var free chan *request
+		start := int(s.rr.Load())
+		for i := 0; i < n; i++ {
+			if c := s.chans[(start+i)%n]; c.live() {
+				free = c.free
+				break
+			}
+		}
+		select {
+		case r := <-free:
+			return r, nil
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// tryAcquire is acquire without waiting.
+func (s *Session) tryAcquire() *request {
+	n := len(s.chans)
+	start := int(s.rr.Add(1))
+	for i := 0; i < n; i++ {
+		c := s.chans[(start+i)%n]
+		if !c.live() {
+			continue
+		}
+		select {
+		case r := <-c.free:
+			return r
+		default:
+		}
+	}
+	return nil
+}
+
+func (s *Session) releaseSlot(r *request) { r.ch.free <- r }
+
 // BufferReleased implements frpool.BufferOwner: one of the request's registrations is dead
 // (invalidated locally or remotely, or torn down after a QP error). The request completes when
 // the last one is.
@@ -223,4 +286,110 @@ func (c *channel) doneWith(r *request) {
 	r.callerOff = true
 	c.finishLocked(r)
 	c.mu.Unlock()
+}
+
+// queueInvLocked asks the channel goroutine to give r's MR handles back (invalidating the
+// registrations still valid).
+func (c *channel) queueInvLocked(r *request) {
+	if c.queueInvNoWakeLocked(r) {
+		c.wake()
+	}
+}
+
+// queueInvNoWakeLocked queues r's handles for the afterBatch that ends the completion batch
+// being handled (by serve or onCQ), without waking the channel goroutine: a wake-up per
+// response, found with nothing to do, was a goroutine handoff per I/O. It reports whether r
+// was queued.
+func (c *channel) queueInvNoWakeLocked(r *request) bool {
+	if r.ungiven > 0 && !r.invQueued {
+		r.invQueued = true
+		c.invQ = append(c.invQ, r)
+		return true
+	}
+	return false
+}
+
+// afterBatch gives back the MR handles of the requests that are over (answered, aborted or
+// reset): one post carries the LOCAL_INVs of every registration still valid; handles whose
+// registration is already dead (remotely invalidated) are only handed back.
+func (c *channel) afterBatch() (directWait bool) {
+	c.mu.Lock()
+	if len(c.invQ) == 0 {
+		c.mu.Unlock()
+		return false
+	}
+	reqs := append(c.invWork[:0], c.invQ...)
+	c.invQ = c.invQ[:0]
+	live := c.invBatch[:0]
+	for _, r := range reqs {
+		r.invQueued = false
+		for i := 0; i < r.nregs; i++ {
+			if !r.given[i] && !r.rel[i] {
+				live = append(live, r.regs[i])
+				directWait = directWait || r.direct
+			}
+		}
+	}
+	c.mu.Unlock()
+	batchOK := false
+	if len(live) > 0 {
+		c.invChain.Inv = live
+		batchOK = c.pool.Post(&c.invChain) == nil
+		c.invChain.Inv = nil
+	}
+	for _, r := range reqs {
+		retry := false
+		for i := 0; i < r.nregs; i++ {
+			c.mu.Lock()
+			given, rel := r.given[i], r.rel[i]
+			c.mu.Unlock()
+			if given {
+				continue
+			}
+			if rel || !batchOK {
+				// Already dead (only gives the handle back), or the batch was refused: one by
+				// one. A QP error or a quarantine gives the handle back too (the pool releases
+				// the buffer itself); a full send queue is retried after the next completions.
+				if err := c.pool.Invalidate(r.regs[i]); errors.Is(err, frpool.ErrSQFull) {
+					retry = true
+					continue
+				}
+			}
+			c.mu.Lock()
+			r.given[i] = true
+			r.ungiven--
+			c.mu.Unlock()
+		}
+		c.mu.Lock()
+		if retry {
+			c.queueInvLocked(r)
+		}
+		c.finishLocked(r)
+		c.mu.Unlock()
+	}
+	return directWait && batchOK
+}
+
+// giveBackRegs gives the pool every registration handle that in-flight requests still hold
+// (after a QP error: the pool invalidates them, none of them is live on the wire any more).
+func (c *channel) giveBackRegs() {
+	var give []*frpool.Reg
+	c.mu.Lock()
+	for i := range c.reqs {
+		r := &c.reqs[i]
+		if r.state != reqInflight {
+			continue
+		}
+		for j := 0; j < r.nregs; j++ {
+			if !r.given[j] {
+				give = append(give, r.regs[j])
+				r.given[j] = true
+				r.ungiven--
+			}
+		}
+	}
+	c.mu.Unlock()
+	for _, reg := range give {
+		_ = c.pool.Invalidate(reg)
+	}
 }

@@ -10,22 +10,21 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/srpd/srpd/frpool"
+	"github.com/srpd/srpd/internal/cqpoll"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
 	"github.com/srpd/srpd/transport"
 )
 
-// Work request IDs: kind in the top bits, then an index. Receive WRs are posted directly and
-// carry these IDs on the wire; send WRs are posted through the channel's frpool pool, which
-// puts frpool.WRIDTag and its sequence number on the wire and gives these IDs back with the
-// completions the target asked for (a response SEND, a control SEND).
+// Work request kinds (cqpoll.WRID). Receive WRs are posted directly and carry these IDs on the
+// wire; send WRs are posted through the channel's frpool pool, which puts frpool.WRIDTag and its
+// sequence number on the wire and gives these IDs back with the completions the target asked
+// for (a response SEND, a control SEND, the keep-alive probe).
 const (
-	idKindShift = 60
-	idRecv      = uint64(1) << idKindShift
-	idCtx       = uint64(2) << idKindShift
-	idCtl       = uint64(3) << idKindShift
-	idKA        = uint64(4) << idKindShift // the keep-alive probe
-	idIndexMask = uint64(1)<<32 - 1
+	kindRecv cqpoll.Kind = iota + 1 // a receive buffer (index: its slot)
+	kindRsp                         // a context's SRP_RSP SEND (index: the context)
+	kindCtl                         // a control IU (index: the control buffer)
+	kindKA                          // the keep-alive probe
 )
 
 // events handed to a channel's loop by other goroutines.
@@ -74,15 +73,16 @@ type closeReq struct {
 var errDisconnected = errors.New("target: channel disconnected")
 
 // channel is one RDMA channel (one RC QP) of a session. Everything but the close request, the
-// event queue and the statistics is owned by whoever holds loopMu: the channel's loop goroutine
-// (run) while it is not waiting, or the transport's receive goroutine running onCQ (run to
-// completion: a command on a RAM LUN is answered without waking the loop). Receive and send
-// completions, credits, contexts and posting all happen under it, so the data path takes no
-// other lock of its own. LUN workers only execute commands and post events back.
+// event queue and the statistics is owned by whoever holds the poller's lock (cqp): the
+// channel's loop goroutine (run) while it is not waiting, or the transport's receive goroutine
+// running the poller's handler (run to completion: a command on a RAM LUN is answered without
+// waking the loop). Receive and send completions, credits, contexts and posting all happen
+// under it, so the data path takes no other lock of its own. LUN workers only execute commands
+// and post events back.
 type channel struct {
-	loopMu sync.Mutex
-	hwcs   []transport.WC // onCQ's poll buffer (loopMu)
-	hPend  []transport.WC // completions onCQ left to the loop, in order (loopMu)
+	// cqp owns the CQ: the lock above, and who handles completions when (cqHandler).
+	cqp    *cqpoll.Poller
+	router cqpoll.Router // completions by work request kind (onWC)
 
 	t     *Target
 	sess  *session
@@ -215,7 +215,7 @@ func (ch *channel) repost(slot int) {
 func (ch *channel) postRecv(slot int) error {
 	off := ch.recvBase + slot*ch.recvStride
 	ch.recvSGE[0] = transport.SGE{Addr: ch.mem.Addr() + uint64(off), Length: uint32(ch.itLen), LKey: ch.lkey}
-	ch.recvWR[0] = transport.RecvWR{ID: idRecv | uint64(slot), SGL: ch.recvSGE[:]}
+	ch.recvWR[0] = transport.RecvWR{ID: cqpoll.WRID(kindRecv, uint32(slot)), SGL: ch.recvSGE[:]}
 	if err := ch.qp.PostRecv(ch.recvWR[:]); err != nil {
 		return err
 	}
@@ -233,21 +233,17 @@ func (ch *channel) run() {
 	if ch.conn != nil {
 		cmEvents = ch.conn.Events()
 	}
-	notify := ch.cq.Notify()
+	notify := ch.cqp.Notify()
 	var tick <-chan time.Time
 	if p := ch.t.lim.maintenancePeriod(); p > 0 {
 		tk := time.NewTicker(p)
 		defer tk.Stop()
 		tick = tk.C
 	}
-	if h, ok := ch.cq.(transport.CompletionHandler); ok && !ch.t.lim.NoCompletionHandler {
-		ch.hwcs = make([]transport.WC, 64)
-		ch.hPend = make([]transport.WC, 0, 64)
-		h.SetCompletionHandler(ch.onCQ)
-		defer h.SetCompletionHandler(nil)
-	}
-	ch.loopMu.Lock()
-	defer ch.loopMu.Unlock()
+	ch.cqp.Attach()
+	defer ch.cqp.Detach()
+	ch.cqp.Begin(0) // one QP per CQ: every completion is this channel's
+	defer ch.cqp.End()
 	for {
 		progress := false
 		select { // a busy loop still checks liveness and stalls
@@ -255,14 +251,13 @@ func (ch *channel) run() {
 			ch.maintain(now)
 		default:
 		}
-		if len(ch.hPend) > 0 {
-			for i := range ch.hPend {
-				ch.onWC(&ch.hPend[i])
+		if n, _, _ := ch.cqp.Take(wcs); n > 0 { // what the handler left (it fits: same size)
+			for i := range wcs[:n] {
+				ch.onWC(&wcs[i])
 			}
-			ch.hPend = ch.hPend[:0]
 			progress = true
 		}
-		if n := ch.cq.Poll(wcs); n > 0 {
+		if n := ch.cqp.Poll(wcs); n > 0 {
 			for i := range wcs[:n] {
 				ch.onWC(&wcs[i])
 			}
@@ -306,7 +301,7 @@ func (ch *channel) run() {
 		if s := ch.st(); s != chLive {
 			timer.Reset(time.Until(ch.dl))
 		}
-		ch.loopMu.Unlock()
+		ch.cqp.Unlock()
 		var (
 			ev      event
 			cme     transport.CMEvent
@@ -328,7 +323,7 @@ func (ch *channel) run() {
 		case <-timer.C:
 		case tickAt = <-tick:
 		}
-		ch.loopMu.Lock()
+		ch.cqp.Lock()
 		if !tickAt.IsZero() {
 			ch.maintain(tickAt)
 		}
@@ -381,7 +376,7 @@ func (ch *channel) postKeepAlive(deadline time.Time) {
 	if ch.qp.State() != transport.QPSRTS {
 		return
 	}
-	ch.kaWR[0] = transport.SendWR{ID: idKA, Opcode: transport.WRRDMAWrite, Flags: transport.SendSignaled}
+	ch.kaWR[0] = transport.SendWR{ID: cqpoll.WRID(kindKA, 0), Opcode: transport.WRRDMAWrite, Flags: transport.SendSignaled}
 	ch.kaChain.WRs = ch.kaWR[:]
 	if err := ch.pool.Post(&ch.kaChain); err != nil {
 		ch.log.Debug("posting the keep-alive probe", zap.Error(err))
@@ -429,38 +424,29 @@ func (ch *channel) checkStalls(now time.Time, st time.Duration) {
 	ch.startClose(nil, "command stalled on the transport")
 }
 
-// onCQ is the channel's completion handler (transport.CompletionHandler), run by the
-// transport's receive goroutine: it does the loop's completion work when the loop is idle and
-// the channel live, so that a request is answered without a goroutine handoff. Anything else
-// (the loop busy, a teardown begun) is left to the loop, woken by the token.
-func (ch *channel) onCQ() bool {
-	if !ch.loopMu.TryLock() {
-		return false
-	}
-	defer ch.loopMu.Unlock()
-	if ch.st() != chLive || len(ch.hPend) > 0 {
-		return false
-	}
-	for {
-		n := ch.cq.Poll(ch.hwcs)
-		for i := range ch.hwcs[:n] {
-			if ch.hwcs[i].Status != transport.WCSuccess {
-				// A flush or an error: the loop takes it (after a disconnect event it may
-				// already hold, which makes the flushes expected).
-				ch.hPend = append(ch.hPend, ch.hwcs[i:n]...)
-				return false
-			}
-			ch.onWC(&ch.hwcs[i])
-		}
-		if n < len(ch.hwcs) {
-			break
-		}
-	}
-	if ch.st() != chLive {
+// cqHandler is the channel's cqpoll.Handler: the poller runs it on the transport's receive
+// goroutine, doing the loop's completion work when the loop is idle and the channel live, so
+// that a request is answered without a goroutine handoff. Anything else (the loop busy, a
+// failed completion, a teardown begun) is left to the loop, woken by the token. A flush or an
+// error goes to the loop (after a disconnect event it may already hold, which makes the
+// flushes expected).
+type cqHandler channel
+
+func (h *cqHandler) Ready() bool { return (*channel)(h).st() == chLive }
+
+func (h *cqHandler) HandleCompletion(wc *transport.WC) error {
+	(*channel)(h).onWC(wc)
+	return nil
+}
+
+func (h *cqHandler) EndBatch() bool { return false }
+
+func (h *cqHandler) EndRun(took bool) bool {
+	ch := (*channel)(h)
+	if !took || ch.st() != chLive {
 		return false
 	}
 	ch.maybeCredReq()
-	ch.t.stats.handlerBatches.Add(1)
 	return true
 }
 
@@ -597,16 +583,31 @@ func (ch *channel) abortAll() {
 
 // ---- completions ----
 
+// initCompletions sets up the channel's poller and the routes of its work request kinds.
+func (ch *channel) initCompletions() {
+	ch.router.Tagged(frpool.WRIDTag, ch.onSendWC)
+	ch.router.Route(kindRecv, ch.onRecvWC)
+	ch.router.Route(kindRsp, ch.onRspWC)
+	ch.router.Route(kindCtl, ch.onCtlWC)
+	ch.router.Route(kindKA, ch.onKAWC)
+	ch.router.Unknown(ch.onUnknownWC)
+	ch.cqp = cqpoll.New(cqpoll.Config{
+		CQ: ch.cq, Handler: (*cqHandler)(ch), NoEngine: ch.t.lim.NoCompletionHandler,
+		Runs: &ch.t.stats.handlerBatches,
+	})
+}
+
 func (ch *channel) onWC(wc *transport.WC) {
 	ch.activity++
-	if wc.ID&frpool.WRIDTag != 0 {
-		ch.onSendWC(wc)
-		return
-	}
-	if wc.ID&^idIndexMask != idRecv {
-		ch.log.Error("completion with an unknown work request ID", zap.Uint64("id", wc.ID))
-		return
-	}
+	_ = ch.router.Dispatch(wc) // the routes act on errors themselves (fail)
+}
+
+func (ch *channel) onUnknownWC(wc *transport.WC, _ uint32) error {
+	ch.log.Error("completion with an unknown work request ID", zap.Uint64("id", wc.ID))
+	return nil
+}
+
+func (ch *channel) onRecvWC(wc *transport.WC, slot uint32) error {
 	// The pool learns of QP errors and remote invalidations from receive completions; a plain
 	// successful receive tells it nothing (HandleRecvCompletion would only take its lock).
 	if wc.Status != transport.WCSuccess || wc.Flags&transport.WCWithInvalidate != 0 {
@@ -614,39 +615,32 @@ func (ch *channel) onWC(wc *transport.WC) {
 			ch.log.Debug("receive completion refused by the MR pool", zap.Error(err))
 		}
 	}
-	ch.onRecv(wc)
+	ch.onRecv(wc, int(slot))
+	return nil
 }
 
 // onSendWC hands a send completion to the pool, which retires the work requests it covers
 // (running RWDone for the RW contexts it completes) and gives back the completions of the
-// target's own SENDs.
-func (ch *channel) onSendWC(wc *transport.WC) {
-	deliver, err := ch.pool.HandleSendCompletion(wc)
+// target's own SENDs (deliver), which the router then dispatches by kind.
+func (ch *channel) onSendWC(wc *transport.WC) (deliver bool, err error) {
+	deliver, err = ch.pool.HandleSendCompletion(wc)
 	if err != nil && !errors.Is(err, frpool.ErrStaleCompletion) {
 		ch.log.Error("send completion refused by the MR pool", zap.Uint64("id", wc.ID), zap.Error(err))
 		ch.fail("send completion", err)
 	}
-	if !deliver {
-		return
-	}
-	switch wc.ID &^ idIndexMask {
-	case idCtx:
-		ch.onRspWC(wc)
-	case idCtl:
-		ch.onCtlWC(wc)
-	case idKA:
-		ch.kaOut = false
-		if wc.Status != transport.WCSuccess && (wc.Status != transport.WCWRFlushErr || ch.st() == chLive) {
-			ch.fail("keep-alive probe", fmt.Errorf("completion status %v", wc.Status))
-		}
-	default:
-		ch.log.Error("completion with an unknown work request ID", zap.Uint64("id", wc.ID))
-	}
+	return deliver, nil
 }
 
-func (ch *channel) onRecv(wc *transport.WC) {
+func (ch *channel) onKAWC(wc *transport.WC, _ uint32) error {
+	ch.kaOut = false
+	if wc.Status != transport.WCSuccess && (wc.Status != transport.WCWRFlushErr || ch.st() == chLive) {
+		ch.fail("keep-alive probe", fmt.Errorf("completion status %v", wc.Status))
+	}
+	return nil
+}
+
+func (ch *channel) onRecv(wc *transport.WC, slot int) {
 	ch.posted--
-	slot := int(wc.ID & idIndexMask)
 	if wc.Status != transport.WCSuccess {
 		if wc.Status != transport.WCWRFlushErr || ch.st() == chLive {
 			ch.fail("receive", fmt.Errorf("completion status %v", wc.Status))
@@ -666,8 +660,8 @@ func (ch *channel) onRecv(wc *transport.WC) {
 
 // onRspWC handles the completion of a context's SRP_RSP SEND (after the RDMA WRITEs chained
 // before it, if any): the request is over.
-func (ch *channel) onRspWC(wc *transport.WC) {
-	c := ch.ctxs[wc.ID&idIndexMask]
+func (ch *channel) onRspWC(wc *transport.WC, idx uint32) error {
+	c := ch.ctxs[idx]
 	if wc.Status != transport.WCSuccess && (wc.Status != transport.WCWRFlushErr || ch.st() == chLive) {
 		ch.fail(fmt.Sprintf("%v for %v", wc.Opcode, c.state), fmt.Errorf("completion status %v", wc.Status))
 	}
@@ -679,6 +673,7 @@ func (ch *channel) onRspWC(wc *transport.WC) {
 		ch.log.Error("send completion for a context in state " + c.state.String())
 	}
 	ch.kickSQ()
+	return nil
 }
 
 // rwDone continues a context whose RDMA READ transfer (external tables, data-out) completed.
@@ -721,12 +716,12 @@ func (ch *channel) rwDone(c *ioCtx, err error) {
 	ch.kickSQ()
 }
 
-func (ch *channel) onCtlWC(wc *transport.WC) {
-	i := wc.ID & idIndexMask
+func (ch *channel) onCtlWC(wc *transport.WC, i uint32) error {
 	ch.ctl[i].busy = false
 	if wc.Status != transport.WCSuccess && (wc.Status != transport.WCWRFlushErr || ch.st() == chLive) {
 		ch.fail("control send", fmt.Errorf("completion status %v", wc.Status))
 	}
+	return nil
 }
 
 func (ch *channel) onEvent(ev event) {
@@ -943,7 +938,7 @@ func (ch *channel) postCtl(i, n int, solicited bool) bool {
 	if solicited {
 		fl |= transport.SendSolicited
 	}
-	ch.ctlWR[0] = transport.SendWR{ID: idCtl | uint64(i), Opcode: transport.WRSend, Flags: fl, SGL: ch.ctlSGE[:]}
+	ch.ctlWR[0] = transport.SendWR{ID: cqpoll.WRID(kindCtl, uint32(i)), Opcode: transport.WRSend, Flags: fl, SGL: ch.ctlSGE[:]}
 	if err := ch.pool.Post(&ch.ctlChain); err != nil {
 		ch.log.Debug("posting a control IU", zap.Error(err))
 		return false

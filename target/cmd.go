@@ -6,6 +6,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/srpd/srpd/frpool"
+	"github.com/srpd/srpd/internal/cqpoll"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
 	"github.com/srpd/srpd/transport"
@@ -378,7 +379,7 @@ func (ch *channel) prepareSend(c *ioCtx, n int, solicited bool) {
 	if solicited {
 		fl |= transport.SendSolicited
 	}
-	c.sendWR[0] = transport.SendWR{ID: idCtx | uint64(c.idx), Opcode: transport.WRSend, Flags: fl, SGL: c.sendSGE[:]}
+	c.sendWR[0] = transport.SendWR{ID: cqpoll.WRID(kindRsp, uint32(c.idx)), Opcode: transport.WRSend, Flags: fl, SGL: c.sendSGE[:]}
 }
 
 // markWriteProtected sets the WP bit of MODE SENSE data for a LUN the view maps read-only, so

@@ -25,9 +25,10 @@
 // mover) and answers; LUN workers only execute commands and post an event back. When the
 // transport can run a completion handler (transport.CompletionHandler: softroce) and the
 // channel's goroutine is idle, the transport's receive goroutine does that goroutine's
-// completion work under the same lock (channel.loopMu): a command on a RAM LUN is then received,
-// executed and answered, with the ACK of its SEND, without any goroutine handoff
-// (Limits.NoCompletionHandler turns it off, TargetStats.HandlerBatches counts it). Commands
+// completion work under the same lock (channel.cqp, an internal/cqpoll Poller): a command on a
+// RAM LUN is then received, executed and answered, with the ACK of its SEND, without any
+// goroutine handoff (Limits.NoCompletionHandler turns it off, TargetStats.HandlerBatches
+// counts it). Commands
 // execute on per-LUN worker pools (Limits.LUNWorkers goroutines per LUN at most, shared by
 // every session, started on demand and gone after 100 ms idle), so a slow LUN holds only its
 // own workers; see lunQueue for the dispatch order that keeps ORDERED task attributes deadlock

@@ -92,6 +92,7 @@ func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *Logi
 		return nil, fmt.Errorf("target: CQ: %w", err)
 	}
 	cleanup = append(cleanup, func() { _ = ch.cq.Close() })
+	ch.initCompletions()
 	ch.qp, err = ch.pd.CreateQP(transport.QPInitAttr{
 		Type: transport.QPTypeRC, SendCQ: ch.cq, RecvCQ: ch.cq,
 		Cap: transport.QPCap{MaxSendWR: sqCap, MaxRecvWR: nRecv, MaxSendSGE: 1, MaxRecvSGE: 1},

@@ -22,11 +22,12 @@ var be = binary.BigEndian
 // SRP_CMD whose fixed part is there but whose descriptors are unusable is answered with CHECK
 // CONDITION (INVALID FIELD IN COMMAND INFORMATION UNIT), like any failed command.
 func (ch *channel) handleIU(slot int, b []byte) bool {
-	if len(b) == 0 {
+	op, err := srp.PeekOpcode(b)
+	if err != nil {
 		ch.protocolError(srp.TLogoutInvalidIULength, "empty IU")
 		return true
 	}
-	switch op := srp.Opcode(b[0]); op {
+	switch op {
 	case srp.OpCmd:
 		return ch.handleCmd(slot, b)
 	case srp.OpTskMgmt:
@@ -68,9 +69,12 @@ func (ch *channel) handleCmd(slot int, b []byte) bool {
 	if len(ch.free) == 0 {
 		return false
 	}
+	// The fixed header is there (checked above), so its accessors are safe before ParseCmd
+	// checks the descriptors: a command refused as unusable still gets its tag answered.
+	hdr := srp.Cmd(b)
 	c := ch.alloc(kCmd, slot)
-	copy(c.tag[:], b[8:16])
-	c.solNot = srp.SolNot(b[1])
+	c.tag = hdr.Tag()
+	c.solNot = hdr.SolNot()
 	c.credit = true
 	ch.owed++
 	ch.stats.commands.Add(1)
@@ -95,7 +99,7 @@ func (ch *channel) handleCmd(slot int, b []byte) bool {
 	}
 	ch.tags[c.tag] = c
 	c.inTags = true
-	copy(c.lunAddr[:], b[20:28])
+	c.lunAddr = scsi.LUNAddress(cmd.LUN())
 
 	if s := ch.setupDesc(c, cmd.DataOut(), &c.out, &c.extOut, &c.outTotal); s != nil {
 		ch.respondPre(c, scsi.StatusCheckCondition, s)
@@ -423,7 +427,7 @@ func (ch *channel) handleTM(slot int, b []byte) bool {
 	c.tag = tm.Tag()
 	c.solNot = tm.SolNot()
 	c.tmFunc = tm.Func()
-	copy(c.lunAddr[:], b[20:28])
+	c.lunAddr = scsi.LUNAddress(tm.LUN())
 	taskTag := tm.TaskTag()
 	c.credit = true
 	ch.owed++

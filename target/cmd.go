@@ -2,6 +2,7 @@ package target
 
 import (
 	"encoding/binary"
+	"errors"
 
 	"go.uber.org/zap"
 
@@ -124,17 +125,19 @@ func (ch *channel) handleCmd(slot int, b []byte) bool {
 	c.cmd.Sense = c.sense[:]
 	set := ch.view.set
 	c.lun = set.Lookup(c.lunAddr)
-	info, perr := set.ParseCDB(c.lunAddr, c.cmd.CDB)
+	c.cmd.WriteProtected = ch.view.isReadOnly(c.lun)
+	info, perr := set.Parse(&c.cmd) // Execute reuses this parse
 	c.info, c.cdbErr = info, perr != nil
-	if !c.cdbErr {
-		if ch.view.isReadOnly(c.lun) && isMediumWrite(c.cmd.CDB[0]) {
-			ch.respondPre(c, scsi.StatusCheckCondition, &senseWriteProtected)
-			return true
-		}
-		if uint64(info.Length) > uint64(ch.maxXfer) {
-			ch.respondPre(c, scsi.StatusCheckCondition, &senseTooLong)
-			return true
-		}
+	var refused scsi.Sense
+	if errors.As(perr, &refused) && refused.Key == scsi.DataProtect {
+		// A write to a LUN this initiator's ACL maps read-only: answered at once, before any
+		// data moves or the command enters the task set.
+		ch.respondPre(c, scsi.StatusCheckCondition, &refused)
+		return true
+	}
+	if !c.cdbErr && uint64(info.Length) > uint64(ch.maxXfer) {
+		ch.respondPre(c, scsi.StatusCheckCondition, &senseTooLong)
+		return true
 	}
 	ch.queueFor(c.lun).admit(c, set)
 	if c.extOut || c.extIn {
@@ -322,9 +325,6 @@ func (ch *channel) respondCmd(c *ioCtx) {
 	if dir == scsi.DirOut {
 		r.xferOut = c.xferOut // what was fetched (equal unless the fetch was trimmed)
 	}
-	if st == scsi.StatusGood && !c.hasPre && r.xferIn > 0 && ch.view.isReadOnly(c.lun) {
-		markWriteProtected(c.cmd.CDB[0], c.data[:r.xferIn])
-	}
 	// The remote side of the data-in, before the receive buffer (which may hold the
 	// descriptor list) goes back to the receive queue.
 	c.withRW, c.nwr = r.xferIn > 0, 1
@@ -383,17 +383,6 @@ func (ch *channel) prepareSend(c *ioCtx, n int, solicited bool) {
 		fl |= transport.SendSolicited
 	}
 	c.sendWR[0] = transport.SendWR{ID: idCtx | uint64(c.idx), Opcode: transport.WRSend, Flags: fl, SGL: c.sendSGE[:]}
-}
-
-// markWriteProtected sets the WP bit of MODE SENSE data for a LUN the view maps read-only, so
-// that an initiator (Linux sd) sees the disk as read-only.
-func markWriteProtected(op uint8, data []byte) {
-	switch {
-	case op == scsi.OpModeSense6 && len(data) > 2:
-		data[2] |= 0x80
-	case op == scsi.OpModeSense10 && len(data) > 3:
-		data[3] |= 0x80
-	}
 }
 
 // ---- task management ----

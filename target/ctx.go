@@ -57,7 +57,7 @@ type ioCtx struct {
 	// SCSI
 	cmd    scsi.Command
 	info   scsi.CDBInfo
-	cdbErr bool // ParseCDB failed: no data moves, Execute reports the error
+	cdbErr bool // LUNSet.Parse failed: no data moves, Execute reports the error
 	res    scsi.Result
 	hasPre bool // answered by the target without executing
 	pre    scsi.Status

@@ -4,18 +4,30 @@ PKGS     ?= ./...
 BENCHTIME ?= 1s
 TESTFLAGS ?= -race -timeout 20m
 
-.PHONY: all build test fmt-check vet unit model bench fuzz-smoke demo interop clean test-hostile soak
+.PHONY: all build test fmt-check generate-check vet unit model bench fuzz-smoke demo interop clean test-hostile soak
 
 all: build
 
 build:
 	$(GO) build ./...
 
-test: fmt-check vet unit model
+test: fmt-check generate-check vet unit model
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+# The generated files (stringer's *_string.go, from the //go:generate lines; stringer is a
+# go.mod tool, built from the module cache) must be current: regenerate and fail if that
+# changes the tree. Changes already there before (a developer's uncommitted work) do not count.
+generate-check:
+	@before=$$(git status --porcelain; git diff); \
+	$(GO) generate ./... || exit 1; \
+	after=$$(git status --porcelain; git diff); \
+	if [ "$$before" != "$$after" ]; then \
+		echo "go generate ./... changed the tree (commit the regenerated files):"; \
+		git status --porcelain; exit 1; \
+	fi
 
 vet:
 	$(GO) vet $(PKGS)

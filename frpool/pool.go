@@ -53,21 +53,26 @@ type Config struct {
 	Logger *zap.Logger
 }
 
-// mrState is the per-MR state machine.
+// mrState is the per-MR state machine. Its String (mrstate_string.go) is each constant's line
+// comment.
 type mrState uint8
 
-const (
-	mrFree         mrState = iota // free; the device has no key of ours in force
-	mrInvalidating                // free for reuse on this QP; a LOCAL_INV is posted, unconfirmed
-	mrRegistering                 // taken by Get; REG_MR not posted yet
-	mrValid                       // REG_MR posted
-	mrQuarantined                 // device state unknown (QP error, key mismatch) until resolved
-	mrDead                        // re-creation failed; retried by Recover
-)
+//go:generate go tool stringer -type=mrState -linecomment -output=mrstate_string.go
 
-func (s mrState) String() string {
-	return [...]string{"free", "invalidating", "registering", "valid", "quarantined", "dead"}[s]
-}
+const (
+	// free; the device has no key of ours in force
+	mrFree mrState = iota // free
+	// free for reuse on this QP; a LOCAL_INV is posted, unconfirmed
+	mrInvalidating // invalidating
+	// taken by Get; REG_MR not posted yet
+	mrRegistering // registering
+	// REG_MR posted
+	mrValid // valid
+	// device state unknown (QP error, key mismatch) until resolved
+	mrQuarantined // quarantined
+	// re-creation failed; retried by Recover
+	mrDead // dead
+)
 
 // mrSlot is one MR of the pool and what the pool knows about it.
 type mrSlot struct {

@@ -142,9 +142,58 @@ func be64(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
 func (l *LUN) ParseCDB(cdb []byte) (CDBInfo, error) {
 	var i CDBInfo
 	if s := l.parse(cdb, &i); s.Key != NoSense {
-		return CDBInfo{Opcode: i.Opcode, ServiceAction: i.ServiceAction, cmd: i.cmd}, s
+		return i.failed(), s
 	}
 	return i, nil
+}
+
+// parseFor is parse for cmd's CDB, with the write protection of cmd's I_T nexus: a valid
+// medium write from a nexus that sees the LUN write-protected is WRITE PROTECTED (the only
+// source of that sense here: parse itself ignores the LUN's own read-only state, which run
+// checks in SPC order).
+func (l *LUN) parseFor(cmd *Command, i *CDBInfo) Sense {
+	s := l.parse(cmd.CDB, i)
+	if s.Key == NoSense && cmd.WriteProtected && i.cmd.flags&cmdWrite != 0 {
+		return senseWriteProtected
+	}
+	return s
+}
+
+// parsedCDB is what LUNSet.Parse learnt about a command, kept in it so that Execute does not
+// parse the CDB again. It is keyed by the LUN, the CDB bytes the parse looked at (at most 16:
+// no supported CDB is longer) and WriteProtected, so that a Command reused for another CDB,
+// or one changed after Parse, is parsed afresh instead of run on a stale result.
+type parsedCDB struct {
+	lun   *LUN // nil: nothing recorded
+	key   [16]byte
+	n     uint8
+	wp    bool
+	info  CDBInfo
+	sense Sense
+}
+
+// cdbKeyLen is how many CDB bytes a parse depends on: it reads at most the first 16, and
+// beyond those only whether the CDB is long enough, which 16 bytes always are.
+func cdbKeyLen(cdb []byte) int { return min(len(cdb), 16) }
+
+// record parses cmd's CDB for l and keeps the result in cmd.
+func (p *parsedCDB) record(l *LUN, cmd *Command) {
+	n := cdbKeyLen(cmd.CDB)
+	*p = parsedCDB{lun: l, n: uint8(n), wp: cmd.WriteProtected}
+	copy(p.key[:], cmd.CDB[:n])
+	p.sense = l.parseFor(cmd, &p.info)
+}
+
+// matches reports whether p holds the parse of cmd as it is now, for l.
+func (p *parsedCDB) matches(l *LUN, cmd *Command) bool {
+	n := cdbKeyLen(cmd.CDB)
+	return p.lun == l && l != nil && int(p.n) == n && p.wp == cmd.WriteProtected &&
+		string(p.key[:n]) == string(cmd.CDB[:n])
+}
+
+// failed is the CDBInfo ParseCDB returns for an invalid CDB: what it is, no data transfer.
+func (i *CDBInfo) failed() CDBInfo {
+	return CDBInfo{Opcode: i.Opcode, ServiceAction: i.ServiceAction, cmd: i.cmd}
 }
 
 // parse fills i from cdb and returns the zero Sense for a valid CDB.

@@ -26,13 +26,14 @@
 //
 //  1. fills a Command: CDB, LUN (the 8-byte SAM LUN), Nexus (initiator and target port
 //     identifiers), Attr (the task attribute, numerically SRP's), DataIn (a buffer the data-in
-//     may go straight into, e.g. registered memory) and Sense (MaxSenseLen bytes, or a window
-//     into the response IU);
-//  2. calls LUNSet.Admit in arrival order — this is what makes ORDERED and HEAD OF QUEUE mean
-//     something when commands then execute on many goroutines; it never blocks;
-//  3. calls LUNSet.ParseCDB to learn the direction and length of the data transfer the CDB
-//     asks for; for DirOut it fetches that many bytes (RDMA READ) into Command.DataOut; on an
-//     error it fetches nothing;
+//     may go straight into, e.g. registered memory), Sense (MaxSenseLen bytes, or a window
+//     into the response IU) and WriteProtected (the nexus's ACL maps the LUN read-only);
+//  2. calls LUNSet.Parse to learn the direction and length of the data transfer the CDB asks
+//     for (Execute reuses this parse); a DATA PROTECT error (a write the nexus may not make)
+//     it may answer at once; on any other error it fetches nothing and lets Execute report it;
+//  3. calls LUNSet.Admit in arrival order — this is what makes ORDERED and HEAD OF QUEUE mean
+//     something when commands then execute on many goroutines; it never blocks; for DirOut
+//     it then fetches CDBInfo.Length bytes (RDMA READ) into Command.DataOut;
 //  4. calls LUNSet.Execute (which waits for the command's turn, then runs it), or
 //     LUNSet.Withdraw if it gives up on the command (connection lost, data transfer failed);
 //  5. sends Result.DataInLen bytes of DataIn (RDMA WRITE), and a response with Result.Status

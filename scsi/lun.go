@@ -273,8 +273,16 @@ type Command struct {
 	// the control mode page's D_SENSE is set). MaxSenseLen bytes always suffice; a shorter
 	// buffer gets truncated sense data. Nil discards it (Result.Sense still has it).
 	Sense []byte
+	// WriteProtected makes the LUN read-only for this command's I_T nexus, as an ACL that maps
+	// it read-only does (LIO's lun_access_ro): a medium write fails with DATA PROTECT, WRITE
+	// PROTECTED before anything else is checked, unit attention included (LIO refuses it in
+	// transport_lookup_cmd_lun, before the CDB reaches the device server), and MODE SENSE
+	// reports WP (LIO: spc_modesense, target_lun_is_rdonly). A LUN that is read-only itself
+	// (LUNConfig.ReadOnly) refuses writes in SPC order instead, after unit attention.
+	WriteProtected bool
 
 	ts taskState
+	pc parsedCDB // LUNSet.Parse's result, for Execute
 }
 
 // Result is the outcome of a command.
@@ -433,9 +441,11 @@ func (x *exec) result(st Status) Result {
 	return r
 }
 
-// run performs the checks every command goes through, in this order: unit attention, CDB
-// validity, NOT READY, reservation conflict, write protection, data-out length; then the
-// command itself.
+// run performs the checks every command goes through, in this order: write protection of the
+// nexus (Command.WriteProtected), unit attention, CDB validity, NOT READY, reservation
+// conflict, write protection of the LUN, data-out length; then the command itself. The CDB is
+// parsed only if LUNSet.Parse did not parse it already (parsing has no side effects, so doing
+// it before the unit attention check changes no outcome).
 func (x *exec) run() Status {
 	l, cmd := x.l, x.cmd
 	if len(x.cdb) == 0 {
@@ -444,13 +454,22 @@ func (x *exec) run() Status {
 	if l.closed.Load() {
 		return x.check(senseNotReady)
 	}
+	var s Sense
+	if cmd.pc.matches(l, cmd) {
+		x.info, s = cmd.pc.info, cmd.pc.sense
+	} else {
+		s = l.parseFor(cmd, &x.info)
+	}
+	if s == senseWriteProtected { // only the nexus's write protection makes parseFor say this
+		return x.check(s)
+	}
 	op := x.cdb[0]
 	if k := opIndex[op]; k == 0 || commands[k-1].flags&cmdNoUA == 0 {
 		if c, ok := l.ua.take(&cmd.Nexus); ok {
 			return x.check(c.sense())
 		}
 	}
-	if s := l.parse(x.cdb, &x.info); s.Key != NoSense {
+	if s.Key != NoSense {
 		return x.check(s)
 	}
 	x.cdb = x.cdb[:len(x.info.cmd.usage)]

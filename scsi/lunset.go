@@ -149,6 +149,25 @@ func (s *LUNSet) ParseCDB(a LUNAddress, cdb []byte) (CDBInfo, error) {
 	return x.info, nil
 }
 
+// Parse is ParseCDB for cmd (its LUN, CDB and WriteProtected), and keeps the result in cmd:
+// Execute then runs the command without parsing its CDB again, unless cmd.LUN, cmd.CDB or
+// cmd.WriteProtected changed since. A valid medium write with WriteProtected set fails here
+// with DATA PROTECT, WRITE PROTECTED, which a target may answer at once, before any data moves
+// or the command enters the task set (LIO's transport_lookup_cmd_lun).
+func (s *LUNSet) Parse(cmd *Command) (CDBInfo, error) {
+	l := s.Lookup(cmd.LUN)
+	if l == nil || (len(cmd.CDB) > 0 && cmd.CDB[0] == OpReportLUNs) {
+		// The set answers these itself (without a LUN's parse), from memory.
+		cmd.pc = parsedCDB{}
+		return s.ParseCDB(cmd.LUN, cmd.CDB)
+	}
+	cmd.pc.record(l, cmd)
+	if cmd.pc.sense.Key != NoSense {
+		return cmd.pc.info.failed(), cmd.pc.sense
+	}
+	return cmd.pc.info, nil
+}
+
 // Admit is LUN.Admit for the LUN that cmd.LUN addresses (a no-op when there is none, or for
 // REPORT LUNS, which the set answers itself).
 func (s *LUNSet) Admit(cmd *Command) {

@@ -99,7 +99,7 @@ func (x *exec) modeSense() Status {
 		n += l.modePage(page, pc, b[n:])
 	}
 	dsp := uint8(0x10) // DPOFUA
-	if l.readOnly {
+	if l.readOnly || x.cmd.WriteProtected {
 		dsp |= 0x80 // WP
 	}
 	if ten {

@@ -95,27 +95,20 @@ const (
 // the high nibble describes data-out, the low nibble data-in.
 type DescFormat uint8
 
-// Descriptor formats; torvalds/linux:include/scsi/srp.h.
-const (
-	DescNone      DescFormat = 0 // SRP_NO_DATA_DESC
-	DescDirect    DescFormat = 1 // SRP_DATA_DESC_DIRECT
-	DescIndirect  DescFormat = 2 // SRP_DATA_DESC_INDIRECT
-	DescImmediate DescFormat = 3 // SRP_DATA_DESC_IMM (SRP-2, data-out only)
-)
+//go:generate go tool stringer -type=DescFormat,TLogoutReason -linecomment -output=consts_string.go
 
-func (f DescFormat) String() string {
-	switch f {
-	case DescNone:
-		return "none"
-	case DescDirect:
-		return "direct"
-	case DescIndirect:
-		return "indirect"
-	case DescImmediate:
-		return "immediate"
-	}
-	return "DescFormat(" + strconv.Itoa(int(f)) + ")"
-}
+// Descriptor formats; torvalds/linux:include/scsi/srp.h. The line comments are the String
+// names (consts_string.go).
+const (
+	// SRP_NO_DATA_DESC
+	DescNone DescFormat = 0 // none
+	// SRP_DATA_DESC_DIRECT
+	DescDirect DescFormat = 1 // direct
+	// SRP_DATA_DESC_INDIRECT
+	DescIndirect DescFormat = 2 // indirect
+	// SRP_DATA_DESC_IMM (SRP-2, data-out only)
+	DescImmediate DescFormat = 3 // immediate
+)
 
 // LoginFlags is SRP_LOGIN_REQ's REQ_FLAGS byte.
 type LoginFlags uint8
@@ -185,39 +178,24 @@ func (r RejectReason) String() string {
 // not defined there.
 type TLogoutReason uint32
 
-// Target logout reasons.
+// Target logout reasons. The line comments are the String names (consts_string.go).
 const (
-	TLogoutNoReason           TLogoutReason = 0
-	TLogoutInactive           TLogoutReason = 1 // inactive channel, resources reclaimed
-	TLogoutInvalidIUType      TLogoutReason = 2 // invalid IU type received by target
-	TLogoutUnexpectedResponse TLogoutReason = 3 // response with no matching request
-	TLogoutMultiChannelAction TLogoutReason = 4 // disconnected by a new login's multi-channel action
-	TLogoutUnsupportedDataOut TLogoutReason = 5 // unsupported DATA-OUT descriptor format
-	TLogoutUnsupportedDataIn  TLogoutReason = 6 // unsupported DATA-IN descriptor format
-	TLogoutInvalidIULength    TLogoutReason = 8 // invalid IU length for IU type
+	TLogoutNoReason TLogoutReason = 0 // no reason specified
+	// inactive channel, resources reclaimed
+	TLogoutInactive TLogoutReason = 1 // inactive RDMA channel
+	// invalid IU type received by target
+	TLogoutInvalidIUType TLogoutReason = 2 // invalid information unit type
+	// response with no matching request
+	TLogoutUnexpectedResponse TLogoutReason = 3 // unexpected response
+	// disconnected by a new login's multi-channel action
+	TLogoutMultiChannelAction TLogoutReason = 4 // disconnected by multi-channel action
+	// unsupported DATA-OUT descriptor format
+	TLogoutUnsupportedDataOut TLogoutReason = 5 // unsupported data-out descriptor format
+	// unsupported DATA-IN descriptor format
+	TLogoutUnsupportedDataIn TLogoutReason = 6 // unsupported data-in descriptor format
+	// invalid IU length for IU type
+	TLogoutInvalidIULength TLogoutReason = 8 // invalid IU length
 )
-
-func (r TLogoutReason) String() string {
-	switch r {
-	case TLogoutNoReason:
-		return "no reason specified"
-	case TLogoutInactive:
-		return "inactive RDMA channel"
-	case TLogoutInvalidIUType:
-		return "invalid information unit type"
-	case TLogoutUnexpectedResponse:
-		return "unexpected response"
-	case TLogoutMultiChannelAction:
-		return "disconnected by multi-channel action"
-	case TLogoutUnsupportedDataOut:
-		return "unsupported data-out descriptor format"
-	case TLogoutUnsupportedDataIn:
-		return "unsupported data-in descriptor format"
-	case TLogoutInvalidIULength:
-		return "invalid IU length"
-	}
-	return "TLogoutReason(" + strconv.FormatUint(uint64(r), 10) + ")"
-}
 
 // TaskMgmtFunc is SRP_TSK_MGMT's TASK MANAGEMENT FUNCTION byte.
 type TaskMgmtFunc uint8

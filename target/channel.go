@@ -41,19 +41,22 @@ type event struct {
 	c    *ioCtx
 }
 
-// chState is the lifecycle of a channel.
+// chState is the lifecycle of a channel. Its String (chstate_string.go) is each constant's
+// line comment.
 type chState uint32
 
+//go:generate go tool stringer -type=chState -linecomment -output=chstate_string.go
+
 const (
-	chLive       chState = iota // processing IUs
-	chLoggingOut                // SRP_T_LOGOUT posted, waiting for its completion
-	chDraining                  // disconnected (QP in ERR): waiting for flushes and executions
-	chClosed                    // resources released (or handed to the reaper)
+	// processing IUs
+	chLive chState = iota // live
+	// SRP_T_LOGOUT posted, waiting for its completion
+	chLoggingOut // logging-out
+	// disconnected (QP in ERR): waiting for flushes and executions
+	chDraining // draining
+	// resources released (or handed to the reaper)
+	chClosed // closed
 )
-
-var chStateNames = [...]string{"live", "logging-out", "draining", "closed"}
-
-func (s chState) String() string { return chStateNames[s] }
 
 // ctlBuf is a send buffer for target-initiated IUs (SRP_T_LOGOUT, SRP_CRED_REQ).
 type ctlBuf struct {

@@ -2,6 +2,7 @@ package target
 
 import (
 	"encoding/binary"
+	"errors"
 
 	"go.uber.org/zap"
 
@@ -23,11 +24,12 @@ var be = binary.BigEndian
 // SRP_CMD whose fixed part is there but whose descriptors are unusable is answered with CHECK
 // CONDITION (INVALID FIELD IN COMMAND INFORMATION UNIT), like any failed command.
 func (ch *channel) handleIU(slot int, b []byte) bool {
-	if len(b) == 0 {
+	op, err := srp.PeekOpcode(b)
+	if err != nil {
 		ch.protocolError(srp.TLogoutInvalidIULength, "empty IU")
 		return true
 	}
-	switch op := srp.Opcode(b[0]); op {
+	switch op {
 	case srp.OpCmd:
 		return ch.handleCmd(slot, b)
 	case srp.OpTskMgmt:
@@ -69,9 +71,12 @@ func (ch *channel) handleCmd(slot int, b []byte) bool {
 	if len(ch.free) == 0 {
 		return false
 	}
+	// The fixed header is there (checked above), so its accessors are safe before ParseCmd
+	// checks the descriptors: a command refused as unusable still gets its tag answered.
+	hdr := srp.Cmd(b)
 	c := ch.alloc(kCmd, slot)
-	copy(c.tag[:], b[8:16])
-	c.solNot = srp.SolNot(b[1])
+	c.tag = hdr.Tag()
+	c.solNot = hdr.SolNot()
 	c.credit = true
 	ch.owed++
 	ch.stats.commands.Add(1)
@@ -96,7 +101,7 @@ func (ch *channel) handleCmd(slot int, b []byte) bool {
 	}
 	ch.tags[c.tag] = c
 	c.inTags = true
-	copy(c.lunAddr[:], b[20:28])
+	c.lunAddr = scsi.LUNAddress(cmd.LUN())
 
 	if s := ch.setupDesc(c, cmd.DataOut(), &c.out, &c.extOut, &c.outTotal); s != nil {
 		ch.respondPre(c, scsi.StatusCheckCondition, s)
@@ -121,17 +126,19 @@ func (ch *channel) handleCmd(slot int, b []byte) bool {
 	c.cmd.Sense = c.sense[:]
 	set := ch.view.set
 	c.lun = set.Lookup(c.lunAddr)
-	info, perr := set.ParseCDB(c.lunAddr, c.cmd.CDB)
+	c.cmd.WriteProtected = ch.view.isReadOnly(c.lun)
+	info, perr := set.Parse(&c.cmd) // Execute reuses this parse
 	c.info, c.cdbErr = info, perr != nil
-	if !c.cdbErr {
-		if ch.view.isReadOnly(c.lun) && isMediumWrite(c.cmd.CDB[0]) {
-			ch.respondPre(c, scsi.StatusCheckCondition, &senseWriteProtected)
-			return true
-		}
-		if uint64(info.Length) > uint64(ch.maxXfer) {
-			ch.respondPre(c, scsi.StatusCheckCondition, &senseTooLong)
-			return true
-		}
+	var refused scsi.Sense
+	if errors.As(perr, &refused) && refused.Key == scsi.DataProtect {
+		// A write to a LUN this initiator's ACL maps read-only: answered at once, before any
+		// data moves or the command enters the task set.
+		ch.respondPre(c, scsi.StatusCheckCondition, &refused)
+		return true
+	}
+	if !c.cdbErr && uint64(info.Length) > uint64(ch.maxXfer) {
+		ch.respondPre(c, scsi.StatusCheckCondition, &senseTooLong)
+		return true
 	}
 	ch.queueFor(c.lun).admit(c, set)
 	if c.extOut || c.extIn {
@@ -319,9 +326,6 @@ func (ch *channel) respondCmd(c *ioCtx) {
 	if dir == scsi.DirOut {
 		r.xferOut = c.xferOut // what was fetched (equal unless the fetch was trimmed)
 	}
-	if st == scsi.StatusGood && !c.hasPre && r.xferIn > 0 && ch.view.isReadOnly(c.lun) {
-		markWriteProtected(c.cmd.CDB[0], c.data[:r.xferIn])
-	}
 	// The remote side of the data-in, before the receive buffer (which may hold the
 	// descriptor list) goes back to the receive queue.
 	c.withRW, c.nwr = r.xferIn > 0, 1
@@ -382,17 +386,6 @@ func (ch *channel) prepareSend(c *ioCtx, n int, solicited bool) {
 	c.sendWR[0] = transport.SendWR{ID: cqpoll.WRID(kindRsp, uint32(c.idx)), Opcode: transport.WRSend, Flags: fl, SGL: c.sendSGE[:]}
 }
 
-// markWriteProtected sets the WP bit of MODE SENSE data for a LUN the view maps read-only, so
-// that an initiator (Linux sd) sees the disk as read-only.
-func markWriteProtected(op uint8, data []byte) {
-	switch {
-	case op == scsi.OpModeSense6 && len(data) > 2:
-		data[2] |= 0x80
-	case op == scsi.OpModeSense10 && len(data) > 3:
-		data[3] |= 0x80
-	}
-}
-
 // ---- task management ----
 
 // handleTM runs an SRP_TSK_MGMT. Semantics (SAM-5 7, as ib_srpt/LIO implement them):
@@ -424,7 +417,7 @@ func (ch *channel) handleTM(slot int, b []byte) bool {
 	c.tag = tm.Tag()
 	c.solNot = tm.SolNot()
 	c.tmFunc = tm.Func()
-	copy(c.lunAddr[:], b[20:28])
+	c.lunAddr = scsi.LUNAddress(tm.LUN())
 	taskTag := tm.TaskTag()
 	c.credit = true
 	ch.owed++

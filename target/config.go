@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -233,26 +232,19 @@ func (l Limits) validate() error {
 	return nil
 }
 
-// StallAction is what a stalled channel does (Limits.StallAction).
+// StallAction is what a stalled channel does (Limits.StallAction). Its String
+// (stallaction_string.go) is each constant's line comment.
 type StallAction uint8
+
+//go:generate go tool stringer -type=StallAction -linecomment -output=stallaction_string.go
 
 const (
 	// StallClose tears the stalled channel down (without SRP_T_LOGOUT: the peer is not
 	// taking what we send).
-	StallClose StallAction = iota
+	StallClose StallAction = iota // close
 	// StallLog only reports the stall (log and counter).
-	StallLog
+	StallLog // log
 )
-
-func (a StallAction) String() string {
-	switch a {
-	case StallClose:
-		return "close"
-	case StallLog:
-		return "log"
-	}
-	return "StallAction(" + strconv.Itoa(int(a)) + ")"
-}
 
 // LUNMapping presents a logical unit to an ACL under a LUN number.
 type LUNMapping struct {

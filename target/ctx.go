@@ -18,22 +18,27 @@ const (
 	kTM                     // SRP_TSK_MGMT
 )
 
-// cstate is the phase of an ioCtx. Only the channel's loop goroutine changes it.
+// cstate is the phase of an ioCtx. Only the channel's loop goroutine changes it. Its String
+// (cstate_string.go) is each constant's line comment.
 type cstate uint8
 
+//go:generate go tool stringer -type=cstate -linecomment -output=cstate_string.go
+
 const (
-	csFree   cstate = iota
-	csTables        // RDMA READ of external indirect tables in flight
-	csFetch         // RDMA READ of data-out in flight
-	csExec          // in its LUN's queue or executing
-	csTM            // task management waiting for the commands it aborted
-	csWaitSQ        // transfer or response prepared, waiting for send-queue slots (then: next)
-	csSend          // response (after any RDMA WRITEs) posted
+	csFree cstate = iota // free
+	// RDMA READ of external indirect tables in flight
+	csTables // tables
+	// RDMA READ of data-out in flight
+	csFetch // fetch
+	// in its LUN's queue or executing
+	csExec // exec
+	// task management waiting for the commands it aborted
+	csTM // tm
+	// transfer or response prepared, waiting for send-queue slots (then: next)
+	csWaitSQ // waitsq
+	// response (after any RDMA WRITEs) posted
+	csSend // send
 )
-
-var cstateNames = [...]string{"free", "tables", "fetch", "exec", "tm", "waitsq", "send"}
-
-func (s cstate) String() string { return cstateNames[s] }
 
 // ioCtx is one request slot of a channel: everything a command or task management request needs
 // from its arrival to the completion of its response, preallocated at channel creation and
@@ -57,7 +62,7 @@ type ioCtx struct {
 	// SCSI
 	cmd    scsi.Command
 	info   scsi.CDBInfo
-	cdbErr bool // ParseCDB failed: no data moves, Execute reports the error
+	cdbErr bool // LUNSet.Parse failed: no data moves, Execute reports the error
 	res    scsi.Result
 	hasPre bool // answered by the target without executing
 	pre    scsi.Status

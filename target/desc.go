@@ -115,33 +115,11 @@ func sat32(v uint64) uint32 {
 	return uint32(v)
 }
 
-// isMediumWrite reports whether an opcode modifies the medium; such commands fail with
-// WRITE PROTECTED on a LUN an ACL maps read-only. The list covers every SBC write command,
-// including those the scsi package does not implement (they would fail anyway; reporting write
-// protection first is what a write-protected device does).
-func isMediumWrite(op uint8) bool {
-	switch op {
-	case scsi.OpWrite6, scsi.OpWrite10, scsi.OpWrite12, scsi.OpWrite16,
-		0x2E, 0xAE, 0x8E, // WRITE AND VERIFY(10/12/16)
-		scsi.OpWriteSame10, scsi.OpWriteSame16,
-		scsi.OpUnmap, scsi.OpCompareAndWrite,
-		0x04,       // FORMAT UNIT
-		0x3F,       // WRITE LONG(10)
-		0x9C,       // WRITE ATOMIC(16)
-		0x53, 0x50, // XDWRITEREAD(10), XDWRITE(10)
-		0x7F: // variable length (WRITE(32) and friends)
-		return true
-	}
-	return false
-}
-
 // Sense data the target itself produces.
 var (
 	// senseInvalidIUField: ILLEGAL REQUEST, INVALID FIELD IN COMMAND INFORMATION UNIT (0E/03):
 	// an SRP_CMD whose descriptors cannot be used.
 	senseInvalidIUField = scsi.Sense{Key: scsi.IllegalRequest, ASC: 0x0E, ASCQ: 0x03}
-	// senseWriteProtected: DATA PROTECT, WRITE PROTECTED (27/00).
-	senseWriteProtected = scsi.Sense{Key: scsi.DataProtect, ASC: 0x27}
 	// senseOverlapped: ABORTED COMMAND, OVERLAPPED COMMANDS ATTEMPTED (4E/00): a tag already in
 	// use on the channel.
 	senseOverlapped = scsi.Sense{Key: scsi.AbortedCommand, ASC: 0x4E}

@@ -45,11 +45,12 @@
 // descriptor scratch of the request slots, the pool's send-queue books).
 //
 // Command path: receive → credit → srp.ParseCmd (with the negotiated immediate-data offset) →
-// the view's ParseCDB (direction, length) → LUNSet.Admit in arrival order → RDMA READ of
-// external indirect tables, if any → RDMA READ of data-out (or immediate data used in place in
-// the receive buffer) → execution on a LUN worker or inline → SRP_RSP (status, sense truncated to MAX TI
-// IU LEN, residuals: computeResiduals) posted after the data-in RDMA WRITEs as one
-// all-or-nothing chain with only the SEND signaled, the receive buffer reposted first.
+// the view's LUNSet.Parse (direction, length, the ACL's write protection; Execute reuses the
+// parse) → LUNSet.Admit in arrival order → RDMA READ of external indirect tables, if any →
+// RDMA READ of data-out (or immediate data used in place in the receive buffer) → execution on
+// a LUN worker or inline → SRP_RSP (status, sense truncated to MAX TI IU LEN, residuals:
+// computeResiduals) posted after the data-in RDMA WRITEs as one all-or-nothing chain with only
+// the SEND signaled, the receive buffer reposted first.
 //
 // # Credits
 //

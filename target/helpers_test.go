@@ -83,7 +83,11 @@ func (g *gateBackend) entered() []int64 {
 	return append([]int64(nil), g.starts...)
 }
 
-// fastGate is a gateBackend that says it never blocks (backend.Nonblocking-like): the target
+// Nonblocking reports false: the embedded RAM says it never blocks, a gateBackend can (its
+// commands go to LUN workers).
+func (*gateBackend) Nonblocking() bool { return false }
+
+// fastGate is a gateBackend that says it never blocks (backend.Nonblocking): the target
 // executes its commands inline on the channel's goroutine, so holding it holds the channel.
 type fastGate struct{ *gateBackend }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/scsi/backend"
 	"github.com/srpd/srpd/srp"
 )
 
@@ -213,5 +214,37 @@ func TestInlineRandomIO(t *testing.T) {
 	}
 	if st := e.tgt.Stats(); st.InlineExecs < uint64(ops) {
 		t.Fatalf("inline executions %d for %d commands", st.InlineExecs, ops)
+	}
+}
+
+// TestFastLUN: a LUN executes inline exactly when its backend says backend.Nonblocking; a
+// wrapper that hides the RAM behind the Backend interface, or overrides the claim, does not.
+func TestFastLUN(t *testing.T) {
+	ram, err := backend.NewRAM(testLUNSize, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ram.Close()
+	g := &gateBackend{RAM: ram}
+	for _, tc := range []struct {
+		name string
+		be   backend.Backend
+		want bool
+	}{
+		{"ram", ram, true},
+		{"wrapped", struct{ backend.Backend }{ram}, false},
+		{"gate", g, false},
+		{"fastGate", fastGate{g}, true},
+	} {
+		l, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: testBlock, Serial: tc.name}, tc.be)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fastLUN(l); got != tc.want {
+			t.Errorf("%s: fastLUN = %v; want %v", tc.name, got, tc.want)
+		}
+	}
+	if !fastLUN(nil) {
+		t.Error("fastLUN(nil) = false; want true (no backend to wait for)")
 	}
 }

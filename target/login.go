@@ -2,7 +2,6 @@ package target
 
 import (
 	"net/netip"
-	"strconv"
 
 	"github.com/srpd/srpd/srp"
 )
@@ -24,52 +23,44 @@ type ConnInfo struct {
 // one reason code).
 type RejectCause uint8
 
-// Reject causes.
+//go:generate go tool stringer -type=RejectCause -linecomment -output=rejectcause_string.go
+
+// Reject causes. Their String (rejectcause_string.go) is each constant's line comment, which
+// the daemon's metrics also use as label values (spaces as underscores): keep them stable.
 const (
-	CauseNone         RejectCause = iota
-	CauseMalformed                // the login request could not be decoded
-	CauseShuttingDown             // the target is closing
-	CauseITIUTooSmall             // REQUESTED MAX IT IU LEN < 64
-	CauseITIUTooLarge             // REQUESTED MAX IT IU LEN > Limits.MaxITIULen
-	CauseTargetPortID             // TARGET PORT IDENTIFIER is not ours
-	CauseBufFormat                // REQUIRED BUFFER FORMATS has a format we do not offer
-	CauseNoACL                    // no ACL for the initiator port
-	CauseMultiChannel             // MULTI to a nexus that has a channel, one channel allowed
-	CauseChannelLimit             // the nexus has its maximum number of channels
-	CauseNoRDMARead               // the peer does not accept RDMA READs (responder resources 0)
-	CauseResources                // creating the channel failed
-	CauseSessionLimit             // the target's or the budget's session bound is reached
-	CauseMemoryBudget             // the channel's registered memory does not fit the budget
-	CauseLoginRate                // the source's login rate or pending logins are over the bound
+	CauseNone RejectCause = iota // none
+	// the login request could not be decoded
+	CauseMalformed // malformed login request
+	// the target is closing
+	CauseShuttingDown // target shutting down
+	// REQUESTED MAX IT IU LEN < 64
+	CauseITIUTooSmall // requested IT IU length below 64
+	// REQUESTED MAX IT IU LEN > Limits.MaxITIULen
+	CauseITIUTooLarge // requested IT IU length too large
+	// TARGET PORT IDENTIFIER is not ours
+	CauseTargetPortID // wrong target port identifier
+	// REQUIRED BUFFER FORMATS has a format we do not offer
+	CauseBufFormat // unsupported buffer format required
+	// no ACL for the initiator port
+	CauseNoACL // no ACL for initiator
+	// MULTI to a nexus that has a channel, one channel allowed
+	CauseMultiChannel // multiple channels not supported
+	// the nexus has its maximum number of channels
+	CauseChannelLimit // channel limit reached
+	// the peer does not accept RDMA READs (responder resources 0)
+	CauseNoRDMARead // peer accepts no RDMA READ
+	// creating the channel failed
+	CauseResources // insufficient channel resources
+	// the target's or the budget's session bound is reached
+	CauseSessionLimit // session limit reached
+	// the channel's registered memory does not fit the budget
+	CauseMemoryBudget // registered memory budget exhausted
+	// the source's login rate or pending logins are over the bound
+	CauseLoginRate // login rate limit of the source
 )
 
 // NumRejectCauses is the number of RejectCause values (CauseNone included).
 const NumRejectCauses = int(CauseLoginRate) + 1
-
-var causeNames = [...]string{
-	CauseNone:         "none",
-	CauseMalformed:    "malformed login request",
-	CauseShuttingDown: "target shutting down",
-	CauseITIUTooSmall: "requested IT IU length below 64",
-	CauseITIUTooLarge: "requested IT IU length too large",
-	CauseTargetPortID: "wrong target port identifier",
-	CauseBufFormat:    "unsupported buffer format required",
-	CauseNoACL:        "no ACL for initiator",
-	CauseMultiChannel: "multiple channels not supported",
-	CauseChannelLimit: "channel limit reached",
-	CauseNoRDMARead:   "peer accepts no RDMA READ",
-	CauseResources:    "insufficient channel resources",
-	CauseSessionLimit: "session limit reached",
-	CauseMemoryBudget: "registered memory budget exhausted",
-	CauseLoginRate:    "login rate limit of the source",
-}
-
-func (c RejectCause) String() string {
-	if int(c) < len(causeNames) {
-		return causeNames[c]
-	}
-	return "RejectCause(" + strconv.Itoa(int(c)) + ")"
-}
 
 // LoginDecision is the outcome of a login request.
 type LoginDecision struct {

@@ -69,27 +69,16 @@ func newLUNQueue(t *Target, l *scsi.LUN) *lunQueue {
 		kick: make(chan struct{}, t.lim.LUNWorkers)}
 }
 
-// Nonblocking may be implemented by a backend whose operations never block for long (no I/O
-// to wait for, only memory to copy): the target then executes the LUN's commands inline (see
-// lunQueue), which may be on the transport's receive goroutine (Limits.NoCompletionHandler):
-// such a backend must never wait for anything, or it holds up every channel of the device.
-type Nonblocking interface{ Nonblocking() bool }
-
-// fastLUN tells whether l's commands may execute inline: the commands of no LUN (REPORT LUNS,
-// a LUN number outside the view: answered from memory), and those of a LUN whose backend is
-// package backend's RAM itself (not something wrapping it, which may block) or says it is
-// Nonblocking. File and block device backends wait for the kernel.
+// fastLUN tells whether l's commands may execute inline (see lunQueue), which may be on the
+// transport's receive goroutine (Limits.NoCompletionHandler): the commands of no LUN (REPORT
+// LUNS, a LUN number outside the view: answered from memory), and those of a LUN whose backend
+// says it is backend.Nonblocking (RAM). File and block device backends wait for the kernel.
 func fastLUN(l *scsi.LUN) bool {
 	if l == nil {
 		return true
 	}
-	switch be := l.Backend().(type) {
-	case *backend.RAM:
-		return true
-	case Nonblocking:
-		return be.Nonblocking()
-	}
-	return false
+	nb, ok := l.Backend().(backend.Nonblocking)
+	return ok && nb.Nonblocking()
 }
 
 // ctxList is an intrusive doubly linked list of ioCtx.

@@ -140,37 +140,23 @@ func (e *RejectError) Is(target error) bool { return target == ErrConnRejected }
 // CMEventType is the type of a connection event (the RDMA_CM_EVENT_* a connected id sees).
 type CMEventType uint8
 
-// Connection events.
+//go:generate go tool stringer -type=CMEventType -linecomment -output=cmeventtype_string.go
+
+// Connection events. The line comments are the String names (cmeventtype_string.go).
 const (
 	// CMEventEstablished: RTU received (passive) or sent (active); the QP is in RTS.
-	CMEventEstablished CMEventType = iota + 1
+	CMEventEstablished CMEventType = iota + 1 // ESTABLISHED
 	// CMEventRejected: the peer rejected (Reason, PrivateData; Err is a *RejectError).
-	CMEventRejected
+	CMEventRejected // REJECTED
 	// CMEventUnreachable: retries exhausted before the connection was established.
-	CMEventUnreachable
+	CMEventUnreachable // UNREACHABLE
 	// CMEventDisconnected: DREQ or DREP received, DREQ retries exhausted, or a REJ received
 	// once connected. The QP has been moved to ERR. Delivered at most once per connection.
-	CMEventDisconnected
+	CMEventDisconnected // DISCONNECTED
 	// CMEventTimewaitExit: the connection left timewait; its QP may be reused and no further
 	// event will be delivered.
-	CMEventTimewaitExit
+	CMEventTimewaitExit // TIMEWAIT_EXIT
 )
-
-func (t CMEventType) String() string {
-	switch t {
-	case CMEventEstablished:
-		return "ESTABLISHED"
-	case CMEventRejected:
-		return "REJECTED"
-	case CMEventUnreachable:
-		return "UNREACHABLE"
-	case CMEventDisconnected:
-		return "DISCONNECTED"
-	case CMEventTimewaitExit:
-		return "TIMEWAIT_EXIT"
-	}
-	return "CMEventType(" + strconv.Itoa(int(t)) + ")"
-}
 
 // CMEvent is a connection event.
 type CMEvent struct {

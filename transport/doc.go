@@ -1,17 +1,18 @@
 // Package transport is srpd's verbs-style RDMA API: devices, protection domains, memory
-// regions, completion queues and reliable-connected queue pairs, with work requests and
-// completions that keep InfiniBand verbs semantics (and IB numeric values) so that the pure-Go
-// engine (transport/softroce) and a libibverbs engine (transport/verbs, build tag `verbs`) can
-// implement the same interfaces and code above them (frpool, target, initiator) behaves the same
-// on both.
+// regions, completion queues, reliable-connected queue pairs and connection management, with
+// work requests and completions that keep InfiniBand verbs semantics (and IB numeric values) so
+// that the pure-Go engine (transport/softroce) and a libibverbs engine (transport/verbs, build
+// tag `verbs`) can implement the same interfaces and code above them (frpool, target,
+// initiator) behaves the same on both.
 //
 // # Object model
 //
 //	Device ─┬─ Memory      off-heap, page-aligned buffers with device ("DMA") addresses
 //	        ├─ CQ          completion queue: Poll, Notify, Wait
-//	        └─ PD ─┬─ MR   regular MRs over registered memory; fast-reg MRs (REG_MR/LOCAL_INV)
-//	               └─ QP   RC queue pair: Modify (RESET→INIT→RTR→RTS[↔SQD], →ERR, →RESET),
-//	                       PostSend, PostRecv
+//	        ├─ PD ─┬─ MR   regular MRs over registered memory; fast-reg MRs (REG_MR/LOCAL_INV)
+//	        │      └─ QP   RC queue pair: Modify (RESET→INIT→RTR→RTS[↔SQD], →ERR, →RESET),
+//	        │              PostSend, PostRecv
+//	        └─ ConnManager Listen → Listener → ConnRequest (Accept/Reject/MRA) → CMConn; Dial
 //
 // Everything is expressed in device addresses, exactly as verbs uses DMA/virtual addresses: an
 // SGE is (Addr, Length, LKey), a REG_MR work request carries a list of page addresses and an
@@ -57,7 +58,11 @@
 //
 // # Connection management
 //
-// Not in this package yet. A QP gets its address vector, destination QPN and PSNs from the
-// caller through Modify, the way ibv_rc_pingpong exchanges them out of band; the CM (Listen,
-// Dial, Accept, Reject over QP1 MADs) will be layered on top of this API.
+// A device that can establish connections implements ConnManager (cm.go): RDMA CM semantics
+// over the IB CM as a Linux rdma_cm peer sees them, the RDMA CM header stripped from and added
+// to the private data, with QPs the caller creates; Dial and ConnRequest.Accept move the QP to
+// RTS. softroce drives its own CM state machine (transport/softroce/cm) over QP1 MADs; the
+// verbs engine maps the interface onto librdmacm. Without a CM, a QP can still be connected by
+// hand: the caller supplies the address vector, destination QPN and PSNs through Modify, the
+// way ibv_rc_pingpong exchanges them out of band (the engines' tests do).
 package transport

@@ -21,11 +21,13 @@ import (
 	"github.com/srpd/srpd/transport/softroce/link"
 )
 
-// The demo runs the main job on the embedded default until the config-driven daemon is wired:
-// an SRP target (package target) with a RAM-backed LUN on one softroce device, and an SRP
-// initiator (package initiator) on another, both on UDP loopback. The initiator logs in over
-// softroce's RDMA CM, discovers the LUN and runs random writes and reads from several
-// goroutines; every byte read back is compared with what was written.
+// `srpd demo` is a self-checking smoke test that needs no configuration file: an SRP target
+// (package target) with a RAM-backed LUN on one softroce device, and an SRP initiator (package
+// initiator) on another, both on UDP loopback, built here straight from the packages. The
+// initiator logs in over softroce's RDMA CM, discovers the LUN and runs random writes and reads
+// from several goroutines (at most 16, one slot each in moved); every byte read back is
+// compared with what was written. The daemon itself runs the same arrangement from
+// configs/demo-loopback.yaml (`srpd -c`), with NBD exports and the control socket.
 
 type demoConfig struct {
 	addr     netip.Addr

@@ -188,9 +188,11 @@ func withLabel(ls, k, v string) string {
 	return ls[:len(ls)-1] + "," + l + "}"
 }
 
-// WriteTo writes the exposition.
-func (e *expo) WriteTo(w io.Writer) (int64, error) {
-	bw := bufio.NewWriter(w)
+// WriteTo writes the exposition (io.WriterTo): n counts the bytes w accepted, also when it
+// fails part of the way.
+func (e *expo) WriteTo(w io.Writer) (n int64, err error) {
+	cw := &countingWriter{w: w}
+	bw := bufio.NewWriter(cw)
 	for _, f := range e.fams {
 		bw.WriteString("# HELP " + f.name + " " + strings.ReplaceAll(strings.ReplaceAll(f.help, `\`, `\\`), "\n", `\n`) + "\n")
 		bw.WriteString("# TYPE " + f.name + " " + f.typ + "\n")
@@ -208,5 +210,18 @@ func (e *expo) WriteTo(w io.Writer) (int64, error) {
 			bw.WriteString(f.name + "_count" + s.labels + " " + strconv.FormatUint(s.hist.count, 10) + "\n")
 		}
 	}
-	return 0, bw.Flush()
+	err = bw.Flush() // bufio keeps the first write error and returns it here
+	return cw.n, err
+}
+
+// countingWriter counts the bytes its writer accepted.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }

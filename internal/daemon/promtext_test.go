@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -76,4 +77,38 @@ func TestProcessGauges(t *testing.T) {
 	if n == 0 {
 		t.Errorf("no go_goroutines sample:\n%s", out)
 	}
+}
+
+// TestExpositionWriteToCount: WriteTo reports the bytes written (io.WriterTo), all of them on
+// success, and those the writer accepted before it failed.
+func TestExpositionWriteToCount(t *testing.T) {
+	e := newExpo()
+	for i := range 500 { // more than bufio's 4 KiB buffer, so that it writes several times
+		e.counter("c_total", "A counter.", uint64(i), "i", fmt.Sprint(i))
+	}
+	var b bytes.Buffer
+	n, err := e.WriteTo(&b)
+	if err != nil || n != int64(b.Len()) || n <= 4096 {
+		t.Fatalf("WriteTo = %d, %v; wrote %d bytes", n, err, b.Len())
+	}
+	w := &failAfter{left: 5000}
+	n, err = e.WriteTo(w)
+	if !errors.Is(err, errWriterFull) || n != w.took || w.took == 0 || w.took > 5000 {
+		t.Fatalf("WriteTo into a writer that fails = %d, %v; it took %d bytes", n, err, w.took)
+	}
+}
+
+var errWriterFull = errors.New("writer full")
+
+// failAfter accepts left bytes, then fails.
+type failAfter struct{ left, took int64 }
+
+func (f *failAfter) Write(p []byte) (int, error) {
+	n := int(min(int64(len(p)), f.left))
+	f.left -= int64(n)
+	f.took += int64(n)
+	if n < len(p) {
+		return n, errWriterFull
+	}
+	return n, nil
 }

@@ -68,3 +68,12 @@ type Backend interface {
 	// Close releases the backend; later calls fail with ErrClosed.
 	Close() error
 }
+
+// Nonblocking is implemented by a backend whose operations never wait for anything (no I/O, no
+// lock held across I/O: only memory to copy), such as RAM. A target may then execute the LUN's
+// commands inline on a transport goroutine instead of handing them to a worker; a backend that
+// claims this and then blocks holds up every channel of the device.
+//
+// Go promotes the method through embedding: a type that embeds a Nonblocking backend and adds
+// anything that may wait must declare Nonblocking() false itself.
+type Nonblocking interface{ Nonblocking() bool }

@@ -38,7 +38,10 @@ type ramChunk struct {
 	data []byte
 }
 
-var _ Backend = (*RAM)(nil)
+var (
+	_ Backend     = (*RAM)(nil)
+	_ Nonblocking = (*RAM)(nil)
+)
 
 // NewRAM returns a RAM backend of size bytes, all zeroes. A read-only RAM backend stays all zeroes
 // (every mutating call fails with ErrReadOnly); it is mostly useful for tests.
@@ -53,6 +56,10 @@ func NewRAM(size int64, readOnly bool) (*RAM, error) {
 	}
 	return &RAM{size: size, readOnly: readOnly, chunks: make([]atomic.Pointer[ramChunk], n)}, nil
 }
+
+// Nonblocking reports true: RAM accesses copy memory under per-chunk locks and never wait for
+// I/O (see the Nonblocking interface).
+func (r *RAM) Nonblocking() bool { return true }
 
 // Size returns the capacity in bytes.
 func (r *RAM) Size() int64 { return r.size }

@@ -3,6 +3,7 @@ package backend
 import (
 	"bytes"
 	"errors"
+	"path/filepath"
 	"sync"
 	"testing"
 )
@@ -156,4 +157,26 @@ func TestRAMDiscardRacesWrite(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestNonblocking: RAM says it never waits; a file backend (pread/pwrite) does not claim it.
+func TestNonblocking(t *testing.T) {
+	r, err := NewRAM(ramChunkSize, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var b Backend = r
+	if nb, ok := b.(Nonblocking); !ok || !nb.Nonblocking() {
+		t.Errorf("RAM: Nonblocking implemented %v; want implemented and true", ok)
+	}
+	f, err := OpenFile(filepath.Join(t.TempDir(), "lun.img"), FileOptions{Create: true, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b = f
+	if nb, ok := b.(Nonblocking); ok && nb.Nonblocking() {
+		t.Error("file backend says it is Nonblocking")
+	}
 }

@@ -2,7 +2,6 @@ package cm
 
 import (
 	"net/netip"
-	"strconv"
 	"time"
 
 	"github.com/srpd/srpd/transport"
@@ -43,44 +42,28 @@ type TimerOp struct {
 // EventKind is the kind of a ULP event.
 type EventKind uint8
 
-// ULP events.
+//go:generate go tool stringer -type=EventKind -linecomment -output=eventkind_string.go
+
+// ULP events. The line comments are the String names (eventkind_string.go).
 const (
 	// EventRequest: a REQ for one of our listeners. The ULP must call Accept, Reject (or MRA
 	// first); Request.PrivateData is the ULP part of the REQ private data.
-	EventRequest EventKind = iota + 1
+	EventRequest EventKind = iota + 1 // REQUEST
 	// EventEstablished: the connection is up (QP in RTS). PrivateData: REP (active) or RTU
 	// (passive; nil when established by CommEstablished).
-	EventEstablished
+	EventEstablished // ESTABLISHED
 	// EventRejected: the peer sent a REJ before the connection was established (Reason,
 	// PrivateData, ARI). The connection is released (or in timewait for reason 10).
-	EventRejected
+	EventRejected // REJECTED
 	// EventUnreachable: retries exhausted before establishment (Err ErrTimeout), or a request
 	// the ULP never answered (Err ErrDecisionTimeout). The connection is released.
-	EventUnreachable
+	EventUnreachable // UNREACHABLE
 	// EventDisconnected: DREQ or DREP received, DREQ retries exhausted (Err ErrTimeout) or a
 	// REJ received once connected (Reason). At most once per connection; timewait follows.
-	EventDisconnected
+	EventDisconnected // DISCONNECTED
 	// EventTimewaitExit: timewait is over; the connection is released. Always the last event.
-	EventTimewaitExit
+	EventTimewaitExit // TIMEWAIT_EXIT
 )
-
-func (k EventKind) String() string {
-	switch k {
-	case EventRequest:
-		return "REQUEST"
-	case EventEstablished:
-		return "ESTABLISHED"
-	case EventRejected:
-		return "REJECTED"
-	case EventUnreachable:
-		return "UNREACHABLE"
-	case EventDisconnected:
-		return "DISCONNECTED"
-	case EventTimewaitExit:
-		return "TIMEWAIT_EXIT"
-	}
-	return "EventKind(" + strconv.Itoa(int(k)) + ")"
-}
 
 // RequestInfo describes an incoming REQ (EventRequest).
 type RequestInfo struct {

@@ -14,7 +14,8 @@
 //	SRP_INTEROP_TARGET_PORT_ID  the 16-byte target port ID of the login request (hex)
 //	CMLISTEN_DEBUG=1            debug logs of the engine (every MAD sent)
 //
-// It exits on SIGTERM or SIGINT.
+// It exits on SIGTERM or SIGINT. Build: go build ./interop/cmd/cmlisten (it lived in
+// transport/softroce/internal before; it speaks SRP, which the transport does not know).
 package main
 
 import (

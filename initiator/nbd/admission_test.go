@@ -113,11 +113,11 @@ func TestBufPoolReserve(t *testing.T) {
 	stop := make(chan struct{})
 	var big []*buffer
 	for i := 1; i <= 3; i++ {
-		big = append(big, p.get(64<<10, int64(i)*64<<10, wake, stop, nil))
+		big = append(big, p.get(64<<10, holds(int64(i)*64<<10), wake, stop, nil))
 	}
 	// The unreserved part is in use: one more big get waits...
 	got := make(chan *buffer, 1)
-	go func() { got <- p.get(64<<10, 64<<10, wake, stop, nil) }()
+	go func() { got <- p.get(64<<10, holds(64<<10), wake, stop, nil) }()
 	select {
 	case <-got:
 		t.Fatal("a big get took from the reserve")
@@ -126,7 +126,7 @@ func TestBufPoolReserve(t *testing.T) {
 	// ...while four connections holding 16 KiB each are served from the reserve at once.
 	var small []*buffer
 	for i := 0; i < 4; i++ {
-		small = append(small, p.get(16<<10, 16<<10, make(chan struct{}, 1), stop, nil))
+		small = append(small, p.get(16<<10, holds(16<<10), make(chan struct{}, 1), stop, nil))
 	}
 	if _, inUse, _ := p.stats(); inUse != 256<<10 {
 		t.Fatalf("in use %d", inUse)
@@ -142,7 +142,7 @@ func TestBufPoolReserve(t *testing.T) {
 	// which a free buffer is there: it waits, and gives up when stopped.
 	stop2 := make(chan struct{})
 	res := make(chan *buffer, 1)
-	go func() { res <- p.get(16<<10, 32<<10, make(chan struct{}, 1), stop2, nil) }()
+	go func() { res <- p.get(16<<10, holds(32<<10), make(chan struct{}, 1), stop2, nil) }()
 	select {
 	case b := <-res:
 		t.Fatalf("a big holder took a reserve buffer (%v)", b != nil)
@@ -442,3 +442,47 @@ func TestFairShare(t *testing.T) {
 // noReserve as newBufPool's connection count leaves no reserve (less than a 4 KiB buffer per
 // connection): the whole budget is shared, for tests of the pool's other rules.
 const noReserve = 1 << 30
+
+// holds is a fixed holding for bufPool.get.
+func holds(n int64) func() int64 { return func() int64 { return n } }
+
+// TestBufPoolHoldingRechecked: a light connection's get that waits because, with a buffer not
+// yet given back, it would hold more than smallMax is served from the reserve once that buffer
+// is back: what it holds is asked again after the wait. (A fifth NBD client's 1 MiB read,
+// sent right after its 4 KiB reply arrived but before that buffer was released, waited for
+// as long as the slow readers stayed.)
+func TestBufPoolHoldingRechecked(t *testing.T) {
+	// Budget 256 KiB, 64 KiB requests, 4 connections: reserve 64 KiB, small = 16 KiB.
+	p := newBufPool(256<<10, 64<<10, 4, nil)
+	stop := make(chan struct{})
+	defer close(stop)
+	var big []*buffer
+	for i := 1; i <= 3; i++ {
+		big = append(big, p.get(64<<10, holds(64<<10), make(chan struct{}, 1), stop, nil))
+	}
+	var holding atomic.Int64
+	holding.Store(8 << 10)
+	first := p.get(8<<10, holding.Load, make(chan struct{}, 1), stop, nil) // from the reserve
+	holding.Add(16 << 10)                                                  // 24 KiB with the next one: over smallMax
+	got := make(chan *buffer, 1)
+	go func() { got <- p.get(16<<10, holding.Load, make(chan struct{}, 1), stop, nil) }()
+	select {
+	case <-got:
+		t.Fatal("a get over smallMax was served from the reserve")
+	case <-time.After(30 * time.Millisecond):
+	}
+	holding.Add(-8 << 10) // the first buffer goes back: 16 KiB with the new one
+	p.put(first)
+	select {
+	case b := <-got:
+		if b == nil {
+			t.Fatal("nil buffer")
+		}
+		p.put(b)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the get was not served once the connection's own buffer was back")
+	}
+	for _, b := range big {
+		p.put(b)
+	}
+}

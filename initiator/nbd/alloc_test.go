@@ -39,7 +39,7 @@ func TestBufPoolAllocator(t *testing.T) {
 	p := newBufPool(384<<10, 256<<10, noReserve, a)
 	stop := make(chan struct{})
 	wake := make(chan struct{}, 1)
-	big := p.get(128<<10, 0, wake, stop, nil)
+	big := p.get(128<<10, holds(0), wake, stop, nil)
 	if big.free == nil || a.live != 1 {
 		t.Fatalf("128 KiB buffer: from the Allocator %v, live %d", big.free != nil, a.live)
 	}
@@ -47,18 +47,18 @@ func TestBufPoolAllocator(t *testing.T) {
 	if uintptr(unsafe.Pointer(&pl[0]))%allocPage != 0 || len(big.b) != replyHeadroom+128<<10 {
 		t.Fatalf("payload at page offset %d, buffer %d bytes", uintptr(unsafe.Pointer(&pl[0]))%allocPage, len(big.b))
 	}
-	small := p.get(4096, 0, wake, stop, nil)
+	small := p.get(4096, holds(0), wake, stop, nil)
 	if small.free != nil || a.allocs != 1 {
 		t.Fatalf("4 KiB buffer from the Allocator (allocs %d)", a.allocs)
 	}
 	p.put(big)
-	if again := p.get(100<<10, 0, wake, stop, nil); again != big || a.allocs != 1 {
+	if again := p.get(100<<10, holds(0), wake, stop, nil); again != big || a.allocs != 1 {
 		t.Fatalf("a free 128 KiB buffer was not reused (allocs %d)", a.allocs)
 	} else {
 		p.put(again)
 	}
 	// 256 KiB needs room: the free 128 KiB buffer is dropped (and freed).
-	b256 := p.get(256<<10, 0, wake, stop, nil)
+	b256 := p.get(256<<10, holds(0), wake, stop, nil)
 	if a.live != 1 || a.allocs != 2 || b256.free == nil {
 		t.Fatalf("after making room: live %d allocs %d", a.live, a.allocs)
 	}
@@ -72,7 +72,7 @@ func TestBufPoolAllocator(t *testing.T) {
 		t.Fatalf("after releaseFree %d bytes accounted, want the 4 KiB heap buffer's", alloc)
 	}
 	a.fail = true
-	h := p.get(64<<10, 0, wake, stop, nil)
+	h := p.get(64<<10, holds(0), wake, stop, nil)
 	if h.free != nil || len(h.b) != replyHeadroom+64<<10 || p.allocErrs.Load() != 1 {
 		t.Fatalf("with the Allocator failing: free %v, %d bytes, errors %d", h.free != nil, len(h.b), p.allocErrs.Load())
 	}

@@ -106,8 +106,9 @@ type conn struct {
 	rq       []*request // replies waiting to be written
 	rspare   []*request // the other batch slice, swapped with rq
 	writing  bool
-	held     bool   // the reader will write rq before it waits (rdMu held)
-	flushFn  func() // flushHeld, as one func value for bufPool.get
+	held     bool         // the reader will write rq before it waits (rdMu held)
+	flushFn  func()       // flushHeld, as one func value for bufPool.get
+	heldFn   func() int64 // heldBytes, as one func value for bufPool.get
 	iov      net.Buffers
 	iovStore [][]byte
 	broken   atomic.Bool
@@ -161,6 +162,7 @@ func newConn(s *Server, base context.Context, nc net.Conn) *conn {
 		poolWake: make(chan struct{}, 1),
 	}
 	c.flushFn = c.flushHeld
+	c.heldFn = c.heldBytes
 	if raw != nil {
 		raw.wrTimeout = max(s.cfg.WriteTimeout, 0)
 		raw.waits = &c.counters.readWaits
@@ -210,7 +212,7 @@ func (c *conn) kill() {
 func (c *conn) fail(err error) {
 	if c.broken.CompareAndSwap(false, true) {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			c.stalledBytes.Store(c.winBytes.Load())
+			c.stalledBytes.Store(c.heldBytes())
 			c.stalled.Store(true)
 			c.counters.stalledClosed.Add(1)
 		} else {
@@ -416,10 +418,18 @@ func (c *conn) check(r *request) (Errno, string) {
 func (c *conn) acquire(r *request) bool {
 	n := int(r.length)
 	size := classBytes(sizeClass(n))
+	// While it waits, the connection counts among the holders even when it holds no buffer at
+	// the moment (a claim of waitClaim on its window): otherwise, when its last buffer is
+	// released before its reader gets to run again, the others' fair share doubles for that
+	// moment and they take more than their half.
+	if c.winBytes.Add(waitClaim) == waitClaim {
+		c.srv.holders.Add(1)
+	}
+	defer c.unhold(waitClaim)
 	// Only this goroutine adds to winBytes, so the check below cannot be overtaken. While the
 	// connection holds buffers, its own releases wake it (whatever happens to its share).
 	for {
-		cur := c.winBytes.Load()
+		cur := c.winBytes.Load() - waitClaim
 		if cur == 0 || cur+size <= c.share() {
 			break
 		}
@@ -430,11 +440,8 @@ func (c *conn) acquire(r *request) bool {
 			return false
 		}
 	}
-	held := c.winBytes.Add(size)
-	if held == size {
-		c.srv.holders.Add(1)
-	}
-	b := c.srv.pool.get(n, held, c.poolWake, c.stop, c.flushFn)
+	c.winBytes.Add(size)
+	b := c.srv.pool.get(n, c.heldFn, c.poolWake, c.stop, c.flushFn)
 	if b == nil {
 		c.unhold(size)
 		return false
@@ -442,6 +449,13 @@ func (c *conn) acquire(r *request) bool {
 	r.buf, r.win = b, size
 	return true
 }
+
+// heldBytes is what the connection holds (or has been granted window for) in buffers.
+func (c *conn) heldBytes() int64 { return c.winBytes.Load() &^ waitClaim }
+
+// waitClaim is what a connection waiting in acquire adds to its window (winBytes) so that it
+// counts as a holder; buffer sizes are multiples of the smallest class, so it stays apart.
+const waitClaim = 1
 
 // share is the most buffer bytes the connection may hold (while it holds some): its fair share
 // of the pool's unreserved bytes among the connections holding or waiting for buffers, itself

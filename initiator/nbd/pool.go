@@ -150,12 +150,13 @@ func sizeClass(n int) int {
 func classBytes(c int) int64 { return 1 << (minBufShift + c) }
 
 // get returns a buffer of at least n (1 ≤ n ≤ the pool's maximum) bytes for a connection that
-// will hold holding bytes with it (the new buffer's class size included), which decides
-// whether the reserve may serve it. When there is no room it waits, registering wake (a
+// will hold holding() bytes with it (the new buffer's class size included), which decides
+// whether the reserve may serve it; holding is asked again after each wait, since the
+// connection's own releases (a reply written meanwhile) change it. When there is no room it waits, registering wake (a
 // channel with capacity 1 owned by the caller) for a put, until stop is closed; then it
 // returns nil. beforeWait, if not nil, is called before each wait (the caller's chance to
 // give back what it holds).
-func (p *bufPool) get(n int, holding int64, wake chan struct{}, stop <-chan struct{}, beforeWait func()) *buffer {
+func (p *bufPool) get(n int, holding func() int64, wake chan struct{}, stop <-chan struct{}, beforeWait func()) *buffer {
 	c := sizeClass(n)
 	size := classBytes(c)
 	for {
@@ -163,7 +164,7 @@ func (p *bufPool) get(n int, holding int64, wake chan struct{}, stop <-chan stru
 		var drop []*buffer
 		fromReserve := false
 		fits := p.inUse-p.resInUse+size <= p.shared
-		if !fits && holding <= p.smallMax && p.resInUse+size <= p.budget-p.shared {
+		if !fits && holding() <= p.smallMax && p.resInUse+size <= p.budget-p.shared {
 			fits, fromReserve = true, true
 		}
 		if fits {

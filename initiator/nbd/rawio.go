@@ -30,10 +30,11 @@ type rawStream struct {
 	wrFn    func(fd uintptr) bool
 	wrNowFn func(fd uintptr) bool
 	iovAll  []syscall.Iovec // the whole batch, cleared once written
-	// wrTimeout bounds a batch's wait for the socket (Config.WriteTimeout; 0: none). The
-	// deadline is armed only once a batch finds the socket full, so a write that needs no wait
-	// costs no timer.
+	// wrTimeout bounds a batch's wait for the socket without progress (Config.WriteTimeout;
+	// 0: none). The deadline is armed only once a batch finds the socket full, so a write
+	// that needs no wait costs no timer, and pushed out whenever the client takes some bytes.
 	wrTimeout time.Duration
+	wrote     bool // writev wrote something since writevSome last cleared it
 	// spin: how long a read that finds no data retries before it waits in the netpoller,
 	// while spinOK says so (see Config.ReadSpin); spinEnd is the current spin's end.
 	spin    time.Duration
@@ -56,7 +57,7 @@ func newRawStream(nc net.Conn) *rawStream {
 	}
 	s := &rawStream{nc: nc, rc: rc}
 	s.rdFn = s.read
-	s.wrFn = s.writev
+	s.wrFn = s.writevSome
 	s.wrNowFn = s.writevNow
 	return s
 }
@@ -146,7 +147,7 @@ func (s *rawStream) writeBuffers(bufs [][]byte, iov []syscall.Iovec, block bool)
 }
 
 // finishWrite writes what is left of the batch, waiting for the socket as needed, for at most
-// wrTimeout from the first wait (then the error is os.ErrDeadlineExceeded).
+// wrTimeout without progress (then the error is os.ErrDeadlineExceeded).
 func (s *rawStream) finishWrite() error {
 	if len(s.iov) > 0 && s.wrErr == nil {
 		// Without waiting first: most batches go out whole and need no deadline.
@@ -155,11 +156,14 @@ func (s *rawStream) finishWrite() error {
 		}
 	}
 	armed := false
-	if len(s.iov) > 0 && s.wrErr == nil && s.wrTimeout > 0 {
-		s.nc.SetWriteDeadline(time.Now().Add(s.wrTimeout))
-		armed = true
-	}
 	for len(s.iov) > 0 && s.wrErr == nil {
+		// The deadline bounds a wait in which the client takes nothing: one that reads a
+		// large reply slowly but steadily is not stalled. writevSome returns after any
+		// progress, so the deadline moves with it.
+		if s.wrTimeout > 0 {
+			s.nc.SetWriteDeadline(time.Now().Add(s.wrTimeout))
+			armed = true
+		}
 		if err := s.rc.Write(s.wrFn); err != nil {
 			s.wrErr = err
 		}
@@ -193,6 +197,14 @@ func (s *rawStream) writevNow(fd uintptr) bool {
 	return true
 }
 
+// writevSome is writev for a wait: it ends the wait (returns true) once it has written
+// something, so that finishWrite can push the deadline out, or when the batch is done.
+func (s *rawStream) writevSome(fd uintptr) bool {
+	s.wrote = false
+	done := s.writev(fd)
+	return done || s.wrote
+}
+
 // maxIOV bounds one writev (the kernel's UIO_MAXIOV is 1024).
 const maxIOV = 1024
 
@@ -215,6 +227,7 @@ func (s *rawStream) writev(fd uintptr) bool {
 			s.wrErr = io.ErrShortWrite
 			return true
 		}
+		s.wrote = true
 		for n > 0 && len(s.iov) > 0 {
 			l := int(s.iov[0].Len)
 			if n < l {

@@ -372,8 +372,8 @@ func TestBufPool(t *testing.T) {
 	p := newBufPool(64<<10, 32<<10, noReserve, nil)
 	wake := make(chan struct{}, 1)
 	stop := make(chan struct{})
-	a := p.get(32<<10, 0, wake, stop, nil)
-	b := p.get(20<<10, 0, wake, stop, nil) // class 32 KiB too
+	a := p.get(32<<10, holds(0), wake, stop, nil)
+	b := p.get(20<<10, holds(0), wake, stop, nil) // class 32 KiB too
 	if len(a.payload(32<<10)) != 32<<10 || a.class != b.class {
 		t.Fatalf("classes %d %d", a.class, b.class)
 	}
@@ -382,7 +382,7 @@ func TestBufPool(t *testing.T) {
 	}
 	// The budget is used up: a third get waits until a put.
 	got := make(chan *buffer)
-	go func() { got <- p.get(4096, 0, wake, stop, nil) }()
+	go func() { got <- p.get(4096, holds(0), wake, stop, nil) }()
 	select {
 	case <-got:
 		t.Fatal("get did not wait")
@@ -398,14 +398,14 @@ func TestBufPool(t *testing.T) {
 	}
 	// Reuse: a put buffer comes back for the same class without allocating.
 	p.put(c)
-	if d := p.get(100, 0, wake, stop, nil); d != c {
+	if d := p.get(100, holds(0), wake, stop, nil); d != c {
 		t.Fatal("free buffer not reused")
 	}
 	// A waiter gives up when stopped.
 	p2 := newBufPool(4096, 4096, noReserve, nil)
-	x := p2.get(4096, 0, wake, stop, nil)
+	x := p2.get(4096, holds(0), wake, stop, nil)
 	close(stop)
-	if y := p2.get(4096, 0, wake, stop, nil); y != nil {
+	if y := p2.get(4096, holds(0), wake, stop, nil); y != nil {
 		t.Fatal("get returned a buffer after stop")
 	}
 	p2.put(x)

@@ -486,3 +486,41 @@ func TestBufPoolHoldingRechecked(t *testing.T) {
 		p.put(b)
 	}
 }
+
+// TestWriteTimeoutSparesSteadyReader: the write timeout bounds a wait in which the client
+// takes nothing; a client that reads a 4 MiB reply in small pieces with pauses shorter than
+// the timeout, for several times the timeout in all, keeps its connection and gets every byte.
+func TestWriteTimeoutSparesSteadyReader(t *testing.T) {
+	const wt = 300 * time.Millisecond
+	const n = 4 << 20
+	disk := newRAM(n, 4096)
+	want := pattern(11, n)
+	disk.fill(0, want)
+	ts := startServer(t, Config{WriteTimeout: wt}, map[string]Device{"disk": disk})
+	c := dialUnix(t, ts.sock)
+	c.connect("disk", false)
+	c.send(cmdRead, 0, 7, 0, n, nil)
+	got := make([]byte, simpleReplyLen+n)
+	start := time.Now()
+	for off := 0; off < len(got); {
+		time.Sleep(wt / 3)
+		c.nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		k, err := io.ReadAtLeast(c.nc, got[off:min(off+512<<10, len(got))], 1)
+		if err != nil {
+			t.Fatalf("after %d of %d bytes (%v): %v", off, len(got), time.Since(start), err)
+		}
+		off += k
+	}
+	if d := time.Since(start); d < 3*wt {
+		t.Fatalf("the reply was read in %v; the test needs a read slower than 3× the timeout", d)
+	}
+	if !bytes.Equal(got[simpleReplyLen:], want) {
+		t.Fatal("reply data differ")
+	}
+	if es := exportStats(t, ts.Server, "disk"); es.StalledClosed != 0 {
+		t.Fatalf("StalledClosed %d", es.StalledClosed)
+	}
+	if r := c.do(cmdRead, 0, 0, 4096, nil); r.errno != 0 || !bytes.Equal(r.data, want[:4096]) {
+		t.Fatalf("read after the slow one: errno %v", r.errno)
+	}
+}

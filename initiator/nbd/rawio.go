@@ -1,6 +1,7 @@
 package nbd
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -156,15 +157,27 @@ func (s *rawStream) finishWrite() error {
 		}
 	}
 	armed := false
+	queued := -1
 	for len(s.iov) > 0 && s.wrErr == nil {
 		// The deadline bounds a wait in which the client takes nothing: one that reads a
 		// large reply slowly but steadily is not stalled. writevSome returns after any
-		// progress, so the deadline moves with it.
+		// progress of ours, and at the deadline the socket's queue tells whether the
+		// client took bytes meanwhile (the kernel reports the socket writable only once
+		// most of its buffer has drained, which a slow reader may take longer than that).
 		if s.wrTimeout > 0 {
+			if !armed {
+				queued = s.queued()
+			}
 			s.nc.SetWriteDeadline(time.Now().Add(s.wrTimeout))
 			armed = true
 		}
 		if err := s.rc.Write(s.wrFn); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				if q := s.queued(); q >= 0 && q < queued {
+					queued = q
+					continue // the client is reading
+				}
+			}
 			s.wrErr = err
 		}
 	}
@@ -195,6 +208,13 @@ func (s *rawStream) opError(op string, err error) error {
 func (s *rawStream) writevNow(fd uintptr) bool {
 	s.writev(fd)
 	return true
+}
+
+// queued returns what the socket holds that the client has not taken yet, or -1.
+func (s *rawStream) queued() int {
+	n := -1
+	_ = s.rc.Control(func(fd uintptr) { n = outq(fd) })
+	return n
 }
 
 // writevSome is writev for a wait: it ends the wait (returns true) once it has written

@@ -22,23 +22,8 @@ import (
 	"github.com/srpd/srpd/transport/verbs"
 )
 
-const daemonConfig = `
-transports:
-  - name: lo
-    address: 127.0.0.1
-targets:
-  - name: demo
-    port_id: 00000000000000010000000000000001
-    luns:
-      - {id: 0, backend: ram, size: 64MiB}
-    acls:
-      - initiator: 00000000000000000000000000000009
-        luns: [0]
-sessions:
-  - name: up
-    address: 127.0.0.1
-    target_port_id: 00000000000000010000000000000001
-    nbd:
+// daemonConfig is ctlapitest.DemoConfig with an NBD export of session up's LUN 0.
+const daemonConfig = ctlapitest.DemoConfig + `    nbd:
       - {lun: 0, socket: /run/srpd/up-lun0.nbd}
 `
 

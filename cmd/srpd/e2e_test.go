@@ -33,12 +33,7 @@ const (
 // e2eConfig: target t1 with a RAM LUN and no ACL (nobody may log in yet), target t2 open to
 // any initiator, and the configured session c2 to t2.
 func e2eConfig(dir string, udp, metrics int) string {
-	return fmt.Sprintf(`version: 1
-transports:
-  - name: lo
-    address: 127.0.0.1
-    udp_port: %d
-targets:
+	return testutil.LoopbackConfig(udp) + fmt.Sprintf(`targets:
   - name: t1
     port_id: %s
     cm_port: 5555
@@ -68,7 +63,7 @@ logging:
   level: debug
 metrics:
   listen: 127.0.0.1:%d
-`, udp, t1PortID, t2PortID, t2PortID, dir, metrics)
+`, t1PortID, t2PortID, t2PortID, dir, metrics)
 }
 
 // TestDaemonEndToEnd runs the real srpd and srpctl: LUN and ACL added with srpctl (persisted),
@@ -122,8 +117,8 @@ func TestDaemonEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	if nc.size != imgSize {
-		t.Fatalf("NBD export size %d, want %d", nc.size, imgSize)
+	if nc.Size != imgSize {
+		t.Fatalf("NBD export size %d, want %d", nc.Size, imgSize)
 	}
 	rng := rand.New(rand.NewPCG(7, 7))
 	written := randomWrites(t, nc, model, rng, 48)
@@ -321,7 +316,7 @@ func TestDaemonEndToEnd(t *testing.T) {
 
 // randomWrites writes count random extents through c, mirroring them in model, and returns
 // the bytes written.
-func randomWrites(t *testing.T, c *nbdClient, model []byte, rng *rand.Rand, count int) int {
+func randomWrites(t *testing.T, c *testutil.NBDClient, model []byte, rng *rand.Rand, count int) int {
 	t.Helper()
 	total := 0
 	for range count {
@@ -341,7 +336,7 @@ func randomWrites(t *testing.T, c *nbdClient, model []byte, rng *rand.Rand, coun
 }
 
 // verifyAll reads the whole export and compares it with model.
-func verifyAll(t *testing.T, c *nbdClient, model []byte) {
+func verifyAll(t *testing.T, c *testutil.NBDClient, model []byte) {
 	t.Helper()
 	const chunk = 1 << 20
 	buf := make([]byte, chunk)
@@ -390,12 +385,7 @@ func httpGet(t *testing.T, url string) string {
 
 // minimalConfig is one RAM target and no session.
 func minimalConfig(dir string, udp int, socket string) string {
-	return fmt.Sprintf(`version: 1
-transports:
-  - name: lo
-    address: 127.0.0.1
-    udp_port: %d
-targets:
+	return testutil.LoopbackConfig(udp) + fmt.Sprintf(`targets:
   - name: t
     port_id: %s
     luns:
@@ -404,7 +394,7 @@ targets:
         size: 1MiB
 control:
   socket: %s
-`, udp, t1PortID, socket)
+`, t1PortID, socket)
 }
 
 // TestNotifyProtocol checks the sd_notify protocol of the real binary against a fake

@@ -3,11 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -115,28 +112,11 @@ func hasPrefix(m []string, p string) string {
 
 type daemonProc struct {
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *testutil.SyncBuffer
 	done   chan struct{}
 	err    error
 	notify *notifySocket
 	start  time.Time
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startDaemon starts srpd -c cfg with NOTIFY_SOCKET set to n (if not nil) and extra
@@ -144,7 +124,7 @@ func (s *syncBuffer) String() string {
 func startDaemon(t *testing.T, cfg string, n *notifySocket, env ...string) *daemonProc {
 	t.Helper()
 	srpd, _ := binaries(t)
-	p := &daemonProc{stderr: &syncBuffer{}, done: make(chan struct{}), notify: n}
+	p := &daemonProc{stderr: &testutil.SyncBuffer{}, done: make(chan struct{}), notify: n}
 	p.cmd = exec.Command(srpd, "-c", cfg, "--log-format", "json", "--log-level", "debug")
 	p.cmd.Env = append(os.Environ(), env...)
 	if n != nil {
@@ -252,86 +232,12 @@ func mustSrpctl(t *testing.T, socket string, out any, args ...string) string {
 // A minimal NBD client (fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies), enough to do
 // verified I/O against the daemon's exports without external tools.
 
-const (
-	nbdReqMagic   = 0x25609513
-	nbdReplyMagic = 0x67446698
-	nbdCmdRead    = 0
-	nbdCmdWrite   = 1
-	nbdCmdDisc    = 2
-	nbdCmdFlush   = 3
-)
-
-type nbdClient struct {
-	c      net.Conn
-	size   int64
-	handle uint64
-}
-
-func dialNBD(socket, export string) (*nbdClient, error) {
-	c, size, err := testutil.DialNBD(socket, export, 60*time.Second)
+// dialNBD connects to the export with a deadline of a minute on the test's whole use of it.
+func dialNBD(socket, export string) (*testutil.NBDClient, error) {
+	c, err := testutil.DialNBDClient(socket, export, 60*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	_ = c.SetDeadline(time.Now().Add(60 * time.Second)) // bounds the test's whole use of it
-	return &nbdClient{c: c, size: size}, nil
-}
-
-func (n *nbdClient) request(typ uint16, off int64, length int, data []byte) error {
-	n.handle++
-	req := binary.BigEndian.AppendUint32(nil, nbdReqMagic)
-	req = binary.BigEndian.AppendUint16(req, 0)
-	req = binary.BigEndian.AppendUint16(req, typ)
-	req = binary.BigEndian.AppendUint64(req, n.handle)
-	req = binary.BigEndian.AppendUint64(req, uint64(off))
-	req = binary.BigEndian.AppendUint32(req, uint32(length))
-	req = append(req, data...)
-	_, err := n.c.Write(req)
-	return err
-}
-
-func (n *nbdClient) reply(data []byte) error {
-	var r [16]byte
-	if _, err := io.ReadFull(n.c, r[:]); err != nil {
-		return err
-	}
-	if binary.BigEndian.Uint32(r[:]) != nbdReplyMagic {
-		return fmt.Errorf("nbd: bad reply magic %x", r[:4])
-	}
-	if e := binary.BigEndian.Uint32(r[4:]); e != 0 {
-		return fmt.Errorf("nbd: error %d", e)
-	}
-	if h := binary.BigEndian.Uint64(r[8:]); h != n.handle {
-		return fmt.Errorf("nbd: reply for handle %d, want %d", h, n.handle)
-	}
-	if data != nil {
-		_, err := io.ReadFull(n.c, data)
-		return err
-	}
-	return nil
-}
-
-func (n *nbdClient) WriteAt(p []byte, off int64) error {
-	if err := n.request(nbdCmdWrite, off, len(p), p); err != nil {
-		return err
-	}
-	return n.reply(nil)
-}
-
-func (n *nbdClient) ReadAt(p []byte, off int64) error {
-	if err := n.request(nbdCmdRead, off, len(p), nil); err != nil {
-		return err
-	}
-	return n.reply(p)
-}
-
-func (n *nbdClient) Flush() error {
-	if err := n.request(nbdCmdFlush, 0, 0, nil); err != nil {
-		return err
-	}
-	return n.reply(nil)
-}
-
-func (n *nbdClient) Close() error {
-	_ = n.request(nbdCmdDisc, 0, 0, nil)
-	return n.c.Close()
+	_ = c.Conn.SetDeadline(time.Now().Add(60 * time.Second))
+	return c, nil
 }

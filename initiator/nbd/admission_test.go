@@ -118,11 +118,7 @@ func TestBufPoolReserve(t *testing.T) {
 	// The unreserved part is in use: one more big get waits...
 	got := make(chan *buffer, 1)
 	go func() { got <- p.get(64<<10, holds(64<<10), wake, stop, nil) }()
-	select {
-	case <-got:
-		t.Fatal("a big get took from the reserve")
-	case <-time.After(30 * time.Millisecond):
-	}
+	notReady(t, got, 30*time.Millisecond, "a big get took from the reserve")
 	// ...while four connections holding 16 KiB each are served from the reserve at once.
 	var small []*buffer
 	for i := 0; i < 4; i++ {
@@ -133,11 +129,7 @@ func TestBufPoolReserve(t *testing.T) {
 	}
 	// A free buffer of the reserve is not handed to a big holder either.
 	p.put(small[0])
-	select {
-	case <-got:
-		t.Fatal("a big get was served while the unreserved part is in use")
-	case <-time.After(30 * time.Millisecond):
-	}
+	notReady(t, got, 30*time.Millisecond, "a big get was served while the unreserved part is in use")
 	// A connection that would hold 32 KiB (more than smallMax) asks for the 16 KiB class, of
 	// which a free buffer is there: it waits, and gives up when stopped.
 	stop2 := make(chan struct{})

@@ -115,21 +115,12 @@ func TestAsyncDevice(t *testing.T) {
 	}
 	// Requests in flight when the server stops are answered first.
 	gate := make(chan struct{})
-	disk.setHook(func(ctx context.Context, op string, off, n int64) error {
-		if op == "read" {
-			<-gate
-		}
-		return nil
-	})
+	disk.holdReads(gate)
 	c.send(cmdRead, 0, 1000, 0, 4096, nil)
 	waitFor(t, "read in the device", func() bool { return disk.active.Load() == 1 })
 	stopped := make(chan struct{})
 	go func() { ts.stop(t); close(stopped) }()
-	select {
-	case <-stopped:
-		t.Fatal("the server stopped with a posted request unanswered")
-	case <-time.After(50 * time.Millisecond):
-	}
+	notReady(t, stopped, 50*time.Millisecond, "the server stopped with a posted request unanswered")
 	close(gate)
 	if r := c.mustReply(); r.handle != 1000 || r.errno != 0 {
 		t.Fatalf("in-flight reply %+v", r)

@@ -389,6 +389,16 @@ func (c *client) expectClosed() {
 }
 
 // waitFor polls cond for up to 10 s.
+// notReady fails t with msg if ch delivers (or is closed) within d: what it guards has to wait.
+func notReady[T any](t testing.TB, ch <-chan T, d time.Duration, msg string) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Fatal(msg)
+	case <-time.After(d):
+	}
+}
+
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

@@ -31,6 +31,16 @@ func newRAM(size int64, bs int) *ramDevice {
 	return &ramDevice{data: make([]byte, size), bs: bs, discard: true}
 }
 
+// holdReads makes every read wait in the device until gate is closed.
+func (d *ramDevice) holdReads(gate <-chan struct{}) {
+	d.setHook(func(ctx context.Context, op string, off, n int64) error {
+		if op == "read" {
+			<-gate
+		}
+		return nil
+	})
+}
+
 func (d *ramDevice) setHook(h hookFunc) {
 	if h == nil {
 		d.hook.Store(nil)

@@ -1,6 +1,7 @@
 package nbd
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -105,52 +106,32 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
-	if c.MaxRequestSize == 0 {
-		c.MaxRequestSize = DefaultMaxRequestSize
-	}
-	if c.ReadSpin == 0 {
-		c.ReadSpin = DefaultReadSpin
-	}
+	c.MaxRequestSize = cmp.Or(c.MaxRequestSize, DefaultMaxRequestSize)
+	c.ReadSpin = cmp.Or(c.ReadSpin, DefaultReadSpin)
 	if c.MaxRequestSize < 64<<10 || c.MaxRequestSize > 1<<30 || c.MaxRequestSize%(64<<10) != 0 {
 		return fmt.Errorf("nbd: MaxRequestSize %d is not a multiple of 64 KiB in [64 KiB, 1 GiB]", c.MaxRequestSize)
 	}
 	maxBuf := classBytes(sizeClass(c.MaxRequestSize))
-	if c.MaxInFlightBytes == 0 {
-		c.MaxInFlightBytes = DefaultMaxInFlightBytes
-	}
+	c.MaxInFlightBytes = cmp.Or(c.MaxInFlightBytes, DefaultMaxInFlightBytes)
 	if c.MaxInFlightBytes < maxBuf {
 		c.MaxInFlightBytes = maxBuf
 	}
-	if c.ConnMaxInFlightBytes == 0 {
-		c.ConnMaxInFlightBytes = DefaultConnMaxInFlightBytes
-	}
+	c.ConnMaxInFlightBytes = cmp.Or(c.ConnMaxInFlightBytes, DefaultConnMaxInFlightBytes)
 	if c.ConnMaxInFlightBytes > c.MaxInFlightBytes {
 		c.ConnMaxInFlightBytes = c.MaxInFlightBytes
 	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
-	}
-	if c.Workers == 0 {
-		c.Workers = DefaultWorkers
-	}
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
+	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
 	if c.Workers > c.MaxInFlight {
 		c.Workers = c.MaxInFlight
 	}
-	if c.MaxConnections == 0 {
-		c.MaxConnections = DefaultMaxConnections
-	}
+	c.MaxConnections = cmp.Or(c.MaxConnections, DefaultMaxConnections)
 	if c.MaxInFlight < 0 || c.Workers < 0 || c.MaxInFlightBytes < 0 || c.ConnMaxInFlightBytes < 0 || c.MaxConnections < 0 {
 		return errors.New("nbd: negative limit in Config")
 	}
-	if c.WriteTimeout == 0 {
-		c.WriteTimeout = DefaultWriteTimeout
-	}
-	if c.HandshakeTimeout == 0 {
-		c.HandshakeTimeout = DefaultHandshakeTimeout
-	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
-	}
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
+	c.HandshakeTimeout = cmp.Or(c.HandshakeTimeout, DefaultHandshakeTimeout)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}

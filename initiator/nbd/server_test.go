@@ -20,12 +20,7 @@ func TestGracefulShutdown(t *testing.T) {
 	hc := dialUnix(t, f.ts.sock) // a connection still in the handshake
 	hc.hello(clientFlagFixedNewstyle)
 	release := make(chan struct{})
-	f.disk.setHook(func(ctx context.Context, op string, off, n int64) error {
-		if op == "read" {
-			<-release
-		}
-		return nil
-	})
+	f.disk.holdReads(release)
 	for i := uint64(0); i < 4; i++ {
 		c.send(cmdRead, 0, i, i*4096, 4096, nil)
 	}
@@ -89,12 +84,7 @@ func TestRemoveExport(t *testing.T) {
 	c := f.client(t, "disk", false)
 	other := f.client(t, "ro", false)
 	release := make(chan struct{})
-	f.disk.setHook(func(ctx context.Context, op string, off, n int64) error {
-		if op == "read" {
-			<-release
-		}
-		return nil
-	})
+	f.disk.holdReads(release)
 	c.send(cmdRead, 0, 7, 0, 4096, nil)
 	waitFor(t, "read in the device", func() bool { return f.disk.active.Load() == 1 })
 	done := make(chan error)
@@ -113,11 +103,7 @@ func TestRemoveExport(t *testing.T) {
 	if res := nc.info(optGo, "disk"); res.final.typ != repErrUnknown {
 		t.Fatalf("GO for a removed export: %#x", res.final.typ)
 	}
-	select {
-	case <-done:
-		t.Fatal("RemoveExport returned while a device call was running")
-	case <-time.After(20 * time.Millisecond):
-	}
+	notReady(t, done, 20*time.Millisecond, "RemoveExport returned while a device call was running")
 	close(release)
 	if r := c.mustReply(); r.handle != 7 || r.errno != 0 {
 		t.Fatalf("in-flight reply %+v", r)
@@ -383,11 +369,7 @@ func TestBufPool(t *testing.T) {
 	// The budget is used up: a third get waits until a put.
 	got := make(chan *buffer)
 	go func() { got <- p.get(4096, holds(0), wake, stop, nil) }()
-	select {
-	case <-got:
-		t.Fatal("get did not wait")
-	case <-time.After(20 * time.Millisecond):
-	}
+	notReady(t, got, 20*time.Millisecond, "get did not wait")
 	p.put(a)
 	c := <-got // a (32 KiB, free) is dropped to make room for a 4 KiB buffer
 	if c.class != 0 {
@@ -437,12 +419,7 @@ func TestAppendMessage(t *testing.T) {
 func TestConnWindow(t *testing.T) {
 	f := newFixture(t, Config{MaxRequestSize: 64 << 10, ConnMaxInFlightBytes: 128 << 10, MaxInFlightBytes: 1 << 20})
 	release := make(chan struct{})
-	f.disk.setHook(func(ctx context.Context, op string, off, n int64) error {
-		if op == "read" {
-			<-release
-		}
-		return nil
-	})
+	f.disk.holdReads(release)
 	c := f.client(t, "disk", false)
 	for h := uint64(0); h < 4; h++ {
 		c.send(cmdRead, 0, h, h*(64<<10), 64<<10, nil)

@@ -269,12 +269,7 @@ func TestDisconnectCommand(t *testing.T) {
 	f := newFixture(t, Config{})
 	c := f.client(t, "disk", false)
 	release := make(chan struct{})
-	f.disk.setHook(func(ctx context.Context, op string, off, n int64) error {
-		if op == "read" {
-			<-release
-		}
-		return nil
-	})
+	f.disk.holdReads(release)
 	defer f.disk.setHook(nil)
 	// Requests in flight when NBD_CMD_DISC arrives are still answered.
 	c.send(cmdRead, 0, 1, 0, 512, nil)

@@ -1,6 +1,9 @@
 package config
 
-import "strings"
+import (
+	"cmp"
+	"strings"
+)
 
 // SetDefaults fills every omitted (zero) field with its default, in place, so that the config
 // (and what Marshal writes) states every setting explicitly. It is idempotent. Parse and Load
@@ -10,9 +13,7 @@ func (c *Config) SetDefaults() {
 	nilIfEmpty(&c.Targets)
 	nilIfEmpty(&c.Sessions)
 	nilIfEmpty(&c.AllowedPaths)
-	if c.Version == 0 {
-		c.Version = DefaultVersion
-	}
+	c.Version = cmp.Or(c.Version, DefaultVersion)
 	for i := range c.Transports {
 		c.Transports[i].SetDefaults()
 	}
@@ -37,9 +38,7 @@ func (c *Config) SetDefaults() {
 	if c.Control.Socket == "" {
 		c.Control.Socket = DefaultControlSocket
 	}
-	if c.Control.Mode == 0 {
-		c.Control.Mode = DefaultControlMode
-	}
+	c.Control.Mode = cmp.Or(c.Control.Mode, DefaultControlMode)
 	if c.Logging.Level == "" {
 		c.Logging.Level = DefaultLogLevel
 	}
@@ -59,19 +58,11 @@ func (t *Transport) SetDefaults() {
 	}
 	switch t.Driver {
 	case DriverSoftRoCE:
-		if t.UDPPort == 0 {
-			t.UDPPort = DefaultUDPPort
-		}
-		if t.SocketBuffer == 0 {
-			t.SocketBuffer = DefaultSocketBuffer
-		}
-		if t.MTU == 0 {
-			t.MTU = DefaultSoftRoCEMTU
-		}
+		t.UDPPort = cmp.Or(t.UDPPort, DefaultUDPPort)
+		t.SocketBuffer = cmp.Or(t.SocketBuffer, DefaultSocketBuffer)
+		t.MTU = cmp.Or(t.MTU, DefaultSoftRoCEMTU)
 	case DriverVerbs:
-		if t.Port == 0 {
-			t.Port = DefaultVerbsPort
-		}
+		t.Port = cmp.Or(t.Port, DefaultVerbsPort)
 	}
 }
 
@@ -83,9 +74,7 @@ func (t *Target) SetDefaults() {
 	for i := range t.ACLs {
 		nilIfEmpty(&t.ACLs[i].LUNs)
 	}
-	if t.CMPort == 0 {
-		t.CMPort = DefaultCMPort
-	}
+	t.CMPort = cmp.Or(t.CMPort, DefaultCMPort)
 	for i := range t.LUNs {
 		t.LUNs[i].SetDefaults()
 	}
@@ -94,25 +83,15 @@ func (t *Target) SetDefaults() {
 
 // SetDefaults fills the LUN's omitted fields.
 func (l *LUN) SetDefaults() {
-	if l.BlockSize == 0 {
-		l.BlockSize = DefaultBlockSize
-	}
+	l.BlockSize = cmp.Or(l.BlockSize, DefaultBlockSize)
 }
 
 // SetDefaults fills the omitted limits.
 func (l *Limits) SetDefaults() {
-	if l.MaxChannels == 0 {
-		l.MaxChannels = DefaultMaxChannels
-	}
-	if l.QueueDepth == 0 {
-		l.QueueDepth = DefaultTargetQueueDepth
-	}
-	if l.MaxITIULen == 0 {
-		l.MaxITIULen = DefaultMaxITIULen
-	}
-	if l.MaxTIIULen == 0 {
-		l.MaxTIIULen = DefaultMaxTIIULen
-	}
+	l.MaxChannels = cmp.Or(l.MaxChannels, DefaultMaxChannels)
+	l.QueueDepth = cmp.Or(l.QueueDepth, DefaultTargetQueueDepth)
+	l.MaxITIULen = cmp.Or(l.MaxITIULen, DefaultMaxITIULen)
+	l.MaxTIIULen = cmp.Or(l.MaxTIIULen, DefaultMaxTIIULen)
 	if l.ImmediateData == nil {
 		l.ImmediateData = Bool(true)
 	}
@@ -124,21 +103,13 @@ func (s *Session) SetDefaults() {
 	for i := range s.NBD {
 		s.NBD[i].SetDefaults()
 	}
-	if s.Port == 0 {
-		s.Port = DefaultSessionPort
-	}
-	if s.ChCount == 0 {
-		s.ChCount = DefaultChCount
-	}
-	if s.QueueDepth == 0 {
-		s.QueueDepth = DefaultSessionQueueDepth
-	}
+	s.Port = cmp.Or(s.Port, DefaultSessionPort)
+	s.ChCount = cmp.Or(s.ChCount, DefaultChCount)
+	s.QueueDepth = cmp.Or(s.QueueDepth, DefaultSessionQueueDepth)
 	if s.ImmediateData == nil {
 		s.ImmediateData = Bool(true)
 	}
-	if s.ConnectTimeout == 0 {
-		s.ConnectTimeout = DefaultConnectTimeout
-	}
+	s.ConnectTimeout = cmp.Or(s.ConnectTimeout, DefaultConnectTimeout)
 	if s.ReconnectDelay == nil {
 		s.ReconnectDelay = TimeoutOf(DefaultReconnectDelay)
 	}
@@ -152,9 +123,7 @@ func (s *Session) SetDefaults() {
 
 // SetDefaults fills the export's omitted limits.
 func (e *NBDExport) SetDefaults() {
-	if e.MaxConnections == 0 {
-		e.MaxConnections = DefaultNBDMaxConnections
-	}
+	e.MaxConnections = cmp.Or(e.MaxConnections, DefaultNBDMaxConnections)
 	if e.WriteTimeout == nil {
 		e.WriteTimeout = TimeoutOf(DefaultNBDWriteTimeout)
 	}

@@ -20,6 +20,23 @@ func (c Changes[K]) Empty() bool {
 	return len(c.Added) == 0 && len(c.Removed) == 0 && len(c.Changed) == 0
 }
 
+// summary appends a line per key to out, "<what> <key> added" (removed, changed); the changed
+// keys only with changed.
+func (c Changes[K]) summary(out []string, what string, changed bool) []string {
+	for _, k := range c.Added {
+		out = append(out, fmt.Sprintf("%s %v added", what, k))
+	}
+	for _, k := range c.Removed {
+		out = append(out, fmt.Sprintf("%s %v removed", what, k))
+	}
+	if changed {
+		for _, k := range c.Changed {
+			out = append(out, fmt.Sprintf("%s %v changed", what, k))
+		}
+	}
+	return out
+}
+
 // TargetDiff is how one target present in both configurations changed.
 type TargetDiff struct {
 	Name string `json:"name"`
@@ -72,45 +89,16 @@ func (d *Changeset) Target(name string) *TargetDiff {
 // Summary describes the diff in one line per change, e.g. "target demo: LUN 1 added".
 func (d *Changeset) Summary() []string {
 	var out []string
-	list := func(what string, c Changes[string]) {
-		for _, n := range c.Added {
-			out = append(out, fmt.Sprintf("%s %s added", what, n))
-		}
-		for _, n := range c.Removed {
-			out = append(out, fmt.Sprintf("%s %s removed", what, n))
-		}
-		if what != "target" {
-			for _, n := range c.Changed {
-				out = append(out, fmt.Sprintf("%s %s changed", what, n))
-			}
-		}
-	}
-	list("transport", d.Transports)
-	list("target", d.Targets)
+	out = d.Transports.summary(out, "transport", true)
+	out = d.Targets.summary(out, "target", false) // a changed target: the lines below
 	for _, t := range d.TargetDiffs {
 		if t.Settings {
 			out = append(out, fmt.Sprintf("target %s: settings changed", t.Name))
 		}
-		for _, id := range t.LUNs.Added {
-			out = append(out, fmt.Sprintf("target %s: LUN %d added", t.Name, id))
-		}
-		for _, id := range t.LUNs.Removed {
-			out = append(out, fmt.Sprintf("target %s: LUN %d removed", t.Name, id))
-		}
-		for _, id := range t.LUNs.Changed {
-			out = append(out, fmt.Sprintf("target %s: LUN %d changed", t.Name, id))
-		}
-		for _, a := range t.ACLs.Added {
-			out = append(out, fmt.Sprintf("target %s: ACL %s added", t.Name, a))
-		}
-		for _, a := range t.ACLs.Removed {
-			out = append(out, fmt.Sprintf("target %s: ACL %s removed", t.Name, a))
-		}
-		for _, a := range t.ACLs.Changed {
-			out = append(out, fmt.Sprintf("target %s: ACL %s changed", t.Name, a))
-		}
+		out = t.LUNs.summary(out, "target "+t.Name+": LUN", true)
+		out = t.ACLs.summary(out, "target "+t.Name+": ACL", true)
 	}
-	list("session", d.Sessions)
+	out = d.Sessions.summary(out, "session", true)
 	for _, s := range []struct {
 		name    string
 		changed bool

@@ -186,6 +186,17 @@ func validHost(s string) bool {
 	return true
 }
 
+// uniqueName checks that name, of the kind item at path p and index i in list, is not the name
+// of an earlier item, recorded in seen (name to index); an empty name is left to the item's
+// own check.
+func (v *validator) uniqueName(seen map[string]int, p, kind, list, name string, i int) {
+	if j, dup := seen[name]; dup && name != "" {
+		v.errorf(join(p, "name"), ErrDuplicate, "%s %q is already defined by %s[%d]", kind, name, list, j)
+		return
+	}
+	seen[name] = i
+}
+
 func (v *validator) config(c *Config) {
 	if c.Version != DefaultVersion {
 		v.errorf("version", ErrInvalid, "unsupported version %d (this srpd reads version %d)", c.Version, DefaultVersion)
@@ -197,11 +208,7 @@ func (v *validator) config(c *Config) {
 		t := &c.Transports[i]
 		p := index("", "transports", i)
 		v.transport(p, t)
-		if j, dup := transports[t.Name]; dup && t.Name != "" {
-			v.errorf(join(p, "name"), ErrDuplicate, "transport %q is already defined by transports[%d]", t.Name, j)
-		} else {
-			transports[t.Name] = i
-		}
+		v.uniqueName(transports, p, "transport", "transports", t.Name, i)
 	}
 	if len(c.Transports) == 0 && (len(c.Targets) > 0 || len(c.Sessions) > 0) {
 		v.errorf("transports", ErrMissing, "at least one transport is required for targets and sessions")
@@ -228,11 +235,7 @@ func (v *validator) config(c *Config) {
 		t := &c.Targets[i]
 		p := index("", "targets", i)
 		v.target(p, t)
-		if j, dup := targets[t.Name]; dup && t.Name != "" {
-			v.errorf(join(p, "name"), ErrDuplicate, "target %q is already defined by targets[%d]", t.Name, j)
-		} else {
-			targets[t.Name] = i
-		}
+		v.uniqueName(targets, p, "target", "targets", t.Name, i)
 		tr := checkRef(join(p, "transport"), t.Transport)
 		if !t.PortID.IsZero() {
 			key := t.Transport + "/" + t.PortID.String()
@@ -273,11 +276,7 @@ func (v *validator) config(c *Config) {
 		s := &c.Sessions[i]
 		p := index("", "sessions", i)
 		v.session(p, s)
-		if j, dup := sessions[s.Name]; dup && s.Name != "" {
-			v.errorf(join(p, "name"), ErrDuplicate, "session %q is already defined by sessions[%d]", s.Name, j)
-		} else {
-			sessions[s.Name] = i
-		}
+		v.uniqueName(sessions, p, "session", "sessions", s.Name, i)
 		checkRef(join(p, "transport"), s.Transport)
 		if !s.TargetPortID.IsZero() {
 			// ib_srp refuses a second login with the same target port and initiator_ext

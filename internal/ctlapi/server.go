@@ -219,13 +219,21 @@ func validationError(what string, err error) error {
 	return badRequest("invalid %s: %v", what, err)
 }
 
-func created(w http.ResponseWriter, location string, v any) error {
+// created answers 201 with v and its location, or returns err (the Service call's).
+func created(w http.ResponseWriter, location string, v any, err error) error {
+	if err != nil {
+		return err
+	}
 	w.Header().Set("Location", location)
 	writeJSON(w, http.StatusCreated, v)
 	return nil
 }
 
-func noContent(w http.ResponseWriter) error {
+// noContent answers 204, or returns err (the Service call's).
+func noContent(w http.ResponseWriter, err error) error {
+	if err != nil {
+		return err
+	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -236,6 +244,31 @@ func ok(w http.ResponseWriter, v any, err error) error {
 	}
 	writeJSON(w, http.StatusOK, v)
 	return nil
+}
+
+// decodeObject decodes a config object from the body strictly, fills in its defaults where it
+// has any and validates it; what names it in the error.
+func decodeObject(w http.ResponseWriter, r *http.Request, what string, v interface{ Validate() error }) error {
+	if err := decodeBody(w, r, v); err != nil {
+		return err
+	}
+	if d, ok := v.(interface{ SetDefaults() }); ok {
+		d.SetDefaults()
+	}
+	if err := v.Validate(); err != nil {
+		return validationError(what, err)
+	}
+	return nil
+}
+
+// targetMutation is the target named in the path and the options of a mutation of it.
+func targetMutation(r *http.Request, q query) (string, MutateOptions, error) {
+	target, err := pathName(r, "target")
+	if err != nil {
+		return "", MutateOptions{}, err
+	}
+	opts, err := q.mutate()
+	return target, opts, err
 }
 
 func (h *handler) status(w http.ResponseWriter, r *http.Request, _ query) error {
@@ -263,18 +296,11 @@ func (h *handler) createTarget(w http.ResponseWriter, r *http.Request, q query) 
 		return err
 	}
 	var t config.Target
-	if err := decodeBody(w, r, &t); err != nil {
+	if err := decodeObject(w, r, "target", &t); err != nil {
 		return err
-	}
-	t.SetDefaults()
-	if err := t.Validate(); err != nil {
-		return validationError("target", err)
 	}
 	info, err := h.svc.CreateTarget(r.Context(), t, opts)
-	if err != nil {
-		return err
-	}
-	return created(w, "/v1/targets/"+url.PathEscape(t.Name), info)
+	return created(w, "/v1/targets/"+url.PathEscape(t.Name), info, err)
 }
 
 func (h *handler) deleteTarget(w http.ResponseWriter, r *http.Request, q query) error {
@@ -290,10 +316,7 @@ func (h *handler) deleteTarget(w http.ResponseWriter, r *http.Request, q query) 
 	if err != nil {
 		return err
 	}
-	if err := h.svc.DeleteTarget(r.Context(), name, DeleteOptions{Persist: persist, Force: force}); err != nil {
-		return err
-	}
-	return noContent(w)
+	return noContent(w, h.svc.DeleteTarget(r.Context(), name, DeleteOptions{Persist: persist, Force: force}))
 }
 
 func (h *handler) listLUNs(w http.ResponseWriter, r *http.Request, _ query) error {
@@ -306,35 +329,20 @@ func (h *handler) listLUNs(w http.ResponseWriter, r *http.Request, _ query) erro
 }
 
 func (h *handler) addLUN(w http.ResponseWriter, r *http.Request, q query) error {
-	target, err := pathName(r, "target")
-	if err != nil {
-		return err
-	}
-	opts, err := q.mutate()
+	target, opts, err := targetMutation(r, q)
 	if err != nil {
 		return err
 	}
 	var l config.LUN
-	if err := decodeBody(w, r, &l); err != nil {
+	if err := decodeObject(w, r, "LUN", &l); err != nil {
 		return err
-	}
-	l.SetDefaults()
-	if err := l.Validate(); err != nil {
-		return validationError("LUN", err)
 	}
 	info, err := h.svc.AddLUN(r.Context(), target, l, opts)
-	if err != nil {
-		return err
-	}
-	return created(w, fmt.Sprintf("/v1/targets/%s/luns/%d", url.PathEscape(target), l.ID), info)
+	return created(w, fmt.Sprintf("/v1/targets/%s/luns/%d", url.PathEscape(target), l.ID), info, err)
 }
 
 func (h *handler) removeLUN(w http.ResponseWriter, r *http.Request, q query) error {
-	target, err := pathName(r, "target")
-	if err != nil {
-		return err
-	}
-	opts, err := q.mutate()
+	target, opts, err := targetMutation(r, q)
 	if err != nil {
 		return err
 	}
@@ -342,10 +350,7 @@ func (h *handler) removeLUN(w http.ResponseWriter, r *http.Request, q query) err
 	if err != nil || id < 0 || id > config.MaxLUNID {
 		return badRequest("LUN %q: want a number between 0 and %d", r.PathValue("lun"), config.MaxLUNID)
 	}
-	if err := h.svc.RemoveLUN(r.Context(), target, id, opts); err != nil {
-		return err
-	}
-	return noContent(w)
+	return noContent(w, h.svc.RemoveLUN(r.Context(), target, id, opts))
 }
 
 func (h *handler) listACLs(w http.ResponseWriter, r *http.Request, _ query) error {
@@ -358,34 +363,20 @@ func (h *handler) listACLs(w http.ResponseWriter, r *http.Request, _ query) erro
 }
 
 func (h *handler) addACL(w http.ResponseWriter, r *http.Request, q query) error {
-	target, err := pathName(r, "target")
-	if err != nil {
-		return err
-	}
-	opts, err := q.mutate()
+	target, opts, err := targetMutation(r, q)
 	if err != nil {
 		return err
 	}
 	var a config.ACL
-	if err := decodeBody(w, r, &a); err != nil {
+	if err := decodeObject(w, r, "ACL", &a); err != nil {
 		return err
-	}
-	if err := a.Validate(); err != nil {
-		return validationError("ACL", err)
 	}
 	info, err := h.svc.AddACL(r.Context(), target, a, opts)
-	if err != nil {
-		return err
-	}
-	return created(w, "/v1/targets/"+url.PathEscape(target)+"/acls/"+url.PathEscape(a.Initiator.String()), info)
+	return created(w, "/v1/targets/"+url.PathEscape(target)+"/acls/"+url.PathEscape(a.Initiator.String()), info, err)
 }
 
 func (h *handler) removeACL(w http.ResponseWriter, r *http.Request, q query) error {
-	target, err := pathName(r, "target")
-	if err != nil {
-		return err
-	}
-	opts, err := q.mutate()
+	target, opts, err := targetMutation(r, q)
 	if err != nil {
 		return err
 	}
@@ -393,10 +384,7 @@ func (h *handler) removeACL(w http.ResponseWriter, r *http.Request, q query) err
 	if err != nil {
 		return badRequest("%v", err)
 	}
-	if err := h.svc.RemoveACL(r.Context(), target, ini, opts); err != nil {
-		return err
-	}
-	return noContent(w)
+	return noContent(w, h.svc.RemoveACL(r.Context(), target, ini, opts))
 }
 
 func (h *handler) listSessions(w http.ResponseWriter, r *http.Request, q query) error {
@@ -433,10 +421,7 @@ func (h *handler) killSession(w http.ResponseWriter, r *http.Request, _ query) e
 	if err != nil {
 		return err
 	}
-	if err := h.svc.KillSession(r.Context(), id); err != nil {
-		return err
-	}
-	return noContent(w)
+	return noContent(w, h.svc.KillSession(r.Context(), id))
 }
 
 func (h *handler) listConnections(w http.ResponseWriter, r *http.Request, _ query) error {
@@ -459,18 +444,11 @@ func (h *handler) connect(w http.ResponseWriter, r *http.Request, q query) error
 		return err
 	}
 	var s config.Session
-	if err := decodeBody(w, r, &s); err != nil {
+	if err := decodeObject(w, r, "session", &s); err != nil {
 		return err
-	}
-	s.SetDefaults()
-	if err := s.Validate(); err != nil {
-		return validationError("session", err)
 	}
 	info, err := h.svc.Connect(r.Context(), s, opts)
-	if err != nil {
-		return err
-	}
-	return created(w, "/v1/connections/"+url.PathEscape(s.Name), info)
+	return created(w, "/v1/connections/"+url.PathEscape(s.Name), info, err)
 }
 
 func (h *handler) disconnect(w http.ResponseWriter, r *http.Request, q query) error {
@@ -482,10 +460,7 @@ func (h *handler) disconnect(w http.ResponseWriter, r *http.Request, q query) er
 	if err != nil {
 		return err
 	}
-	if err := h.svc.Disconnect(r.Context(), name, opts); err != nil {
-		return err
-	}
-	return noContent(w)
+	return noContent(w, h.svc.Disconnect(r.Context(), name, opts))
 }
 
 func (h *handler) reload(w http.ResponseWriter, r *http.Request, _ query) error {

@@ -13,23 +13,8 @@ import (
 	"github.com/srpd/srpd/internal/ctlapi/ctlapitest"
 )
 
-const baseConfig = `
-transports:
-  - name: lo
-    address: 127.0.0.1
-targets:
-  - name: demo
-    port_id: 00000000000000010000000000000001
-    luns:
-      - {id: 0, backend: ram, size: 64MiB}
-    acls:
-      - initiator: 00000000000000000000000000000009
-        luns: [0]
-sessions:
-  - name: up
-    address: 127.0.0.1
-    target_port_id: 00000000000000010000000000000001
-`
+// baseConfig is the daemon configuration the handler tests start from.
+const baseConfig = ctlapitest.DemoConfig
 
 func newFake(t *testing.T) *ctlapitest.Fake {
 	t.Helper()

@@ -327,11 +327,7 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 	// then targets, then transports.
 	var wg sync.WaitGroup
 	for _, n := range p.stopConns {
-		d.mu.Lock()
-		c := d.conns[n]
-		delete(d.conns, n)
-		delete(d.failed, "session/"+n)
-		d.mu.Unlock()
+		c := takeRunning(d, d.conns, "session", n)
 		if c != nil {
 			wg.Add(1)
 			go func() { defer wg.Done(); c.stop(stopCtx) }()
@@ -340,11 +336,7 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 	wg.Wait()
 	kept := map[string]map[int]*lunRT{}
 	for _, n := range p.stopTargets {
-		d.mu.Lock()
-		t := d.targets[n]
-		delete(d.targets, n)
-		delete(d.failed, "target/"+n)
-		d.mu.Unlock()
+		t := takeRunning(d, d.targets, "target", n)
 		if t == nil {
 			continue
 		}
@@ -360,11 +352,7 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 	}
 	wg.Wait()
 	for _, n := range p.closeTransports {
-		d.mu.Lock()
-		t := d.transports[n]
-		delete(d.transports, n)
-		delete(d.failed, "transport/"+n)
-		d.mu.Unlock()
+		t := takeRunning(d, d.transports, "transport", n)
 		if t != nil {
 			t.close(stopCtx)
 		}
@@ -381,13 +369,10 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 		}
 		tr, err := openTransport(ctx, *new.Transport(n), d.log.With(zap.String("transport", n)))
 		d.mu.Lock()
-		if err != nil {
-			d.failed["transport/"+n] = err.Error()
-			errs = append(errs, err)
-		} else {
-			delete(d.failed, "transport/"+n)
+		if err == nil {
 			d.transports[n] = tr
 		}
+		errs = d.noteStartLocked(errs, "transport/"+n, err)
 		d.mu.Unlock()
 	}
 	guard := d.newLUNGuard(new)
@@ -412,13 +397,10 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 		}
 		delete(kept, n)
 		d.mu.Lock()
-		if err != nil {
-			d.failed["target/"+n] = err.Error()
-			errs = append(errs, err)
-		} else {
-			delete(d.failed, "target/"+n)
+		if err == nil {
 			d.targets[n] = t
 		}
+		errs = d.noteStartLocked(errs, "target/"+n, err)
 		d.mu.Unlock()
 	}
 	for _, keep := range kept { // targets stopped for good
@@ -444,18 +426,40 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 	}
 	for _, n := range p.startConns {
 		cfg := new.Session(n)
+		var err error
 		d.mu.Lock()
 		if tr := d.transports[cfg.Transport]; tr == nil {
-			err := fmt.Errorf("session %s: transport %q is not up: %w", n, cfg.Transport, ctlapi.ErrUnavailable)
-			d.failed["session/"+n] = err.Error()
-			errs = append(errs, err)
+			err = fmt.Errorf("session %s: transport %q is not up: %w", n, cfg.Transport, ctlapi.ErrUnavailable)
 		} else {
-			delete(d.failed, "session/"+n)
 			d.conns[n] = d.startConn(*cfg, tr)
 		}
+		errs = d.noteStartLocked(errs, "session/"+n, err)
 		d.mu.Unlock()
 	}
 	return errors.Join(errs...)
+}
+
+// takeRunning removes the running object name of kind ("target") from m, where d keeps them,
+// with its recorded failure, and returns it: nil if it was not running.
+func takeRunning[T any](d *Daemon, m map[string]*T, kind, name string) *T {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	o := m[name]
+	delete(m, name)
+	delete(d.failed, kind+"/"+name)
+	return o
+}
+
+// noteStartLocked records how starting the object key ("target/name") went (d.mu held): a
+// failure stays in d.failed, for status and the next reload to retry, and is appended to errs;
+// a success clears an earlier failure.
+func (d *Daemon) noteStartLocked(errs []error, key string, err error) []error {
+	if err != nil {
+		d.failed[key] = err.Error()
+		return append(errs, err)
+	}
+	delete(d.failed, key)
+	return errs
 }
 
 // Reload re-reads the configuration file and applies the difference (SIGHUP and POST

@@ -27,12 +27,7 @@ const (
 )
 
 func testConfig(dir string, udp int) string {
-	return fmt.Sprintf(`version: 1
-transports:
-  - name: lo
-    address: 127.0.0.1
-    udp_port: %d
-targets:
+	return testutil.LoopbackConfig(udp) + fmt.Sprintf(`targets:
   - name: a
     port_id: %s
     luns:
@@ -55,7 +50,7 @@ sessions:
     reconnect_delay: 1s
 control:
   socket: %s/ctl.sock
-`, udp, portA, portB, portA, dir)
+`, portA, portB, portA, dir)
 }
 
 type harness struct {

@@ -203,19 +203,14 @@ func TestLUNGuardAdmitByIdentity(t *testing.T) {
 // written to f.config, and returns a client of its control API.
 func startPathDaemon(t *testing.T, f *pathFixture, extra string) (*Daemon, *ctlapi.Client) {
 	t.Helper()
-	src := fmt.Sprintf(`version: 1
-transports:
-  - name: lo
-    address: 127.0.0.1
-    udp_port: %d
-targets:
+	src := testutil.LoopbackConfig(testutil.FreeUDPPort(t)) + fmt.Sprintf(`targets:
   - name: a
     port_id: %s
     luns:
       - {id: 0, backend: ram, size: 1MiB}
 control:
   socket: %s
-%s`, testutil.FreeUDPPort(t), portA, f.ctl, extra)
+%s`, portA, f.ctl, extra)
 	f.configData = []byte(src)
 	if err := os.WriteFile(f.config, f.configData, 0o600); err != nil {
 		t.Fatal(err)

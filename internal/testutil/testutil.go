@@ -4,6 +4,7 @@
 package testutil
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -109,4 +110,35 @@ func GoTool() string {
 		root = "/usr/local/go"
 	}
 	return filepath.Join(root, "bin", "go")
+}
+
+// SyncBuffer is a bytes.Buffer safe for concurrent use: a child process's output written by
+// exec's copying goroutine while the test reads it. It keeps the first 64 MiB and drops the
+// rest (the start holds the configuration and the first errors).
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.b.Len() > 64<<20 {
+		return len(p), nil
+	}
+	return s.b.Write(p)
+}
+
+// String returns what was written (up to the bound).
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// LoopbackConfig is the start of an srpd configuration (YAML, version 1) with one softroce
+// transport, lo, on 127.0.0.1 and udpPort; the test's targets, sessions and other sections
+// follow it.
+func LoopbackConfig(udpPort int) string {
+	return fmt.Sprintf("version: 1\ntransports:\n  - name: lo\n    address: 127.0.0.1\n    udp_port: %d\n", udpPort)
 }

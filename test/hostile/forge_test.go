@@ -114,20 +114,11 @@ func (f *forger) packet(op wire.Opcode, dqp uint32, n int) []byte {
 func (f *forger) madPacket(mad []byte) []byte {
 	f.t.Helper()
 	buf := make([]byte, wire.PacketLen(wire.UDSendOnly, wire.MADLen), link.MaxPacket)
-	p, err := wire.Layout(buf, wire.UDSendOnly, wire.MADLen)
+	p, err := wire.LayoutMAD(buf, wire.PSN(f.psn), mad)
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	b := p.BTH()
-	b.SetPKey(wire.DefaultPKey)
-	b.SetDestQP(wire.QPGSI)
-	b.SetAckReq(true)
-	b.SetPSN(wire.PSN(f.psn))
 	f.psn = (f.psn + 1) & wire.PSNMask
-	dt := p.DETH()
-	dt.SetQKey(wire.GSIQKey)
-	dt.SetSrcQP(wire.QPGSI)
-	copy(p.Payload(), mad)
 	return p.Bytes()
 }
 

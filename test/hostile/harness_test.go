@@ -4,7 +4,6 @@ package hostile
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -56,12 +55,7 @@ const (
 // two RAM LUNs, and one session of the daemon to its own target that exports LUN 0 over NBD.
 // No limits: the defaults are what is under test.
 func daemonConfig(dir string, udpPort, metricsPort int, targetExtra string) string {
-	return fmt.Sprintf(`version: 1
-transports:
-  - name: lo
-    address: 127.0.0.1
-    udp_port: %d
-targets:
+	return testutil.LoopbackConfig(udpPort) + fmt.Sprintf(`targets:
   - name: t
     port_id: %s
     cm_port: %d
@@ -90,7 +84,7 @@ logging:
   level: info
 metrics:
   listen: 127.0.0.1:%d
-`, udpPort, targetPortIDHex, targetCMPort, lunSize, lunSize, targetExtra, targetCMPort, targetPortIDHex,
+`, targetPortIDHex, targetCMPort, lunSize, lunSize, targetExtra, targetCMPort, targetPortIDHex,
 		filepath.Join(dir, "keep.nbd"), filepath.Join(dir, "ctl.sock"), metricsPort)
 }
 
@@ -98,7 +92,7 @@ type daemon struct {
 	dir         string
 	cmd         *exec.Cmd
 	pid         int
-	out         *syncBuffer
+	out         *testutil.SyncBuffer
 	done        chan struct{}
 	waitErr     error
 	udpPort     int
@@ -106,26 +100,6 @@ type daemon struct {
 	ctl         *ctlapi.Client
 	nbdSocket   string
 	budget      int64 // RSS budget in bytes
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.b.Len() > 64<<20 { // bounded: keep the start (config, first errors) and drop the rest
-		return len(p), nil
-	}
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startDaemon writes the configuration, starts srpd and waits (bounded) until its control
@@ -145,7 +119,7 @@ func startDaemonWith(t *testing.T, targetExtra string) *daemon {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	d := &daemon{dir: dir, out: &syncBuffer{}, done: make(chan struct{}),
+	d := &daemon{dir: dir, out: &testutil.SyncBuffer{}, done: make(chan struct{}),
 		udpPort: testutil.FreeUDPPort(t), metricsPort: testutil.FreeTCPPort(t), nbdSocket: filepath.Join(dir, "keep.nbd")}
 	d.budget = rssBudget(t)
 	cfg := filepath.Join(dir, "srpd.yaml")

@@ -4,12 +4,8 @@ package hostile
 
 import (
 	"bytes"
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"slices"
 	"sync"
 	"testing"
@@ -22,102 +18,24 @@ import (
 // NetworkBlockDevice/nbd:doc/proto.md), every operation under a deadline, and a prober that
 // runs verified I/O through it for as long as an attack lasts.
 
-const (
-	nbdOptMagic   = 0x49484156454F5054 // "IHAVEOPT"
-	nbdReqMagic   = 0x25609513
-	nbdReplyMagic = 0x67446698
-	nbdCmdRead    = 0
-	nbdCmdWrite   = 1
-	nbdCmdDisc    = 2
-	nbdCmdFlush   = 3
-	nbdFlagFixed  = 1
-	nbdOpTimeout  = 10 * time.Second
-)
-
-var errNBDReplyMagic = errors.New("nbd: bad reply magic")
-
-// nbdError is an error reply (NBD_REPLY simple reply with a non-zero error).
-type nbdError struct{ code uint32 }
-
-func (e *nbdError) Error() string { return fmt.Sprintf("nbd: error reply %d", e.code) }
-
-type nbdClient struct {
-	c      net.Conn
-	size   int64
-	handle uint64
-}
+// nbdOpTimeout bounds each NBD request and its reply.
+const nbdOpTimeout = 10 * time.Second
 
 // nbdHandshake dials socket and negotiates the default export.
-func nbdHandshake(socket string) (*nbdClient, error) {
-	c, size, err := testutil.DialNBD(socket, "", nbdOpTimeout)
+func nbdHandshake(socket string) (*testutil.NBDClient, error) {
+	c, err := testutil.DialNBDClient(socket, "", nbdOpTimeout)
 	if err != nil {
 		return nil, err
 	}
-	return &nbdClient{c: c, size: size}, nil
-}
-
-func nbdRequest(typ uint16, handle uint64, off uint64, length uint32) []byte {
-	req := binary.BigEndian.AppendUint32(make([]byte, 0, 28), nbdReqMagic)
-	req = binary.BigEndian.AppendUint16(req, 0)
-	req = binary.BigEndian.AppendUint16(req, typ)
-	req = binary.BigEndian.AppendUint64(req, handle)
-	req = binary.BigEndian.AppendUint64(req, off)
-	return binary.BigEndian.AppendUint32(req, length)
-}
-
-func (n *nbdClient) send(typ uint16, off uint64, length uint32, data []byte) error {
-	n.handle++
-	_ = n.c.SetDeadline(time.Now().Add(nbdOpTimeout))
-	_, err := n.c.Write(append(nbdRequest(typ, n.handle, off, length), data...))
-	return err
-}
-
-// reply reads one simple reply for the last request (and its data into data on success).
-func (n *nbdClient) reply(data []byte) error {
-	var r [16]byte
-	if _, err := io.ReadFull(n.c, r[:]); err != nil {
-		return err
-	}
-	if binary.BigEndian.Uint32(r[:]) != nbdReplyMagic {
-		return fmt.Errorf("%w: %x", errNBDReplyMagic, r[:4])
-	}
-	if h := binary.BigEndian.Uint64(r[8:]); h != n.handle {
-		return fmt.Errorf("nbd: reply for handle %d, want %d", h, n.handle)
-	}
-	if e := binary.BigEndian.Uint32(r[4:]); e != 0 {
-		return &nbdError{e}
-	}
-	if data != nil {
-		_, err := io.ReadFull(n.c, data)
-		return err
-	}
-	return nil
-}
-
-func (n *nbdClient) WriteAt(p []byte, off int64) error {
-	if err := n.send(nbdCmdWrite, uint64(off), uint32(len(p)), p); err != nil {
-		return err
-	}
-	return n.reply(nil)
-}
-
-func (n *nbdClient) ReadAt(p []byte, off int64) error {
-	if err := n.send(nbdCmdRead, uint64(off), uint32(len(p)), nil); err != nil {
-		return err
-	}
-	return n.reply(p)
-}
-
-func (n *nbdClient) Close() error {
-	_ = n.send(nbdCmdDisc, 0, 0, nil)
-	return n.c.Close()
+	c.OpTimeout = nbdOpTimeout
+	return c, nil
 }
 
 // prober runs verified I/O on an NBD export in a loop: a random pattern written at a random
 // offset of its region, read back and compared. It records each pair's latency and every
 // failure with its time.
 type prober struct {
-	c           *nbdClient
+	c           *testutil.NBDClient
 	socket      string
 	region      int64 // bytes [0, region) of the export
 	stop, done  chan struct{}
@@ -134,8 +52,8 @@ func startProber(t *testing.T, socket string, region int64) *prober {
 	if err != nil {
 		t.Fatalf("prober: NBD handshake on %s: %v", socket, err)
 	}
-	if c.size < region {
-		t.Fatalf("prober: export is %d bytes, want at least %d", c.size, region)
+	if c.Size < region {
+		t.Fatalf("prober: export is %d bytes, want at least %d", c.Size, region)
 	}
 	p := &prober{c: c, socket: socket, region: region, stop: make(chan struct{}), done: make(chan struct{})}
 	go p.run()

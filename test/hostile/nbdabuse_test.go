@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/srpd/srpd/internal/testutil"
 )
 
 // TestNBDAbuse abuses the daemon's NBD export (sessions[].nbd of the session "keep") while
@@ -33,8 +35,8 @@ func TestNBDAbuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.size != lunSize {
-		t.Fatalf("NBD export is %d bytes, want %d", c.size, lunSize)
+	if c.Size != lunSize {
+		t.Fatalf("NBD export is %d bytes, want %d", c.Size, lunSize)
 	}
 	if err := c.WriteAt(sentinel, sentOff); err != nil {
 		t.Fatal(err)
@@ -72,7 +74,7 @@ func TestNBDAbuse(t *testing.T) {
 			send []byte
 		}{
 			{"unknown client flags", binary.BigEndian.AppendUint32(nil, 0xFFFFFFF0)},
-			{"bad option magic", append(binary.BigEndian.AppendUint32(nil, nbdFlagFixed), bytes.Repeat([]byte{0xEE}, 16)...)},
+			{"bad option magic", append(binary.BigEndian.AppendUint32(nil, testutil.NBDFlagFixed), bytes.Repeat([]byte{0xEE}, 16)...)},
 			{"random bytes", randomBytes(1024, 7)},
 		}
 		for _, tc := range cases {
@@ -89,8 +91,8 @@ func TestNBDAbuse(t *testing.T) {
 		// forever — closing or refusing is fine; either way the connection must end once we
 		// hang up, which the churn below and the prober show.
 		nc := dialHello(t, sock)
-		opt := binary.BigEndian.AppendUint32(nil, nbdFlagFixed)
-		opt = binary.BigEndian.AppendUint64(opt, nbdOptMagic)
+		opt := binary.BigEndian.AppendUint32(nil, testutil.NBDFlagFixed)
+		opt = binary.BigEndian.AppendUint64(opt, testutil.NBDOptMagic)
 		opt = binary.BigEndian.AppendUint32(opt, 0x7FFF)
 		opt = binary.BigEndian.AppendUint32(opt, 0xFFFFFFFF)
 		_, _ = nc.Write(append(opt, randomBytes(64<<10, 8)...))
@@ -103,14 +105,14 @@ func TestNBDAbuse(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			req := nbdRequest(nbdCmdRead, 1, 0, 4096)
+			req := testutil.NBDRequest(testutil.NBDCmdRead, 1, 0, 4096)
 			binary.BigEndian.PutUint32(req, 0xDEADBEEF^uint32(i))
-			_, _ = c.c.Write(req)
+			_, _ = c.Conn.Write(req)
 			// No way to resynchronise a byte stream: the server must hang up, not answer.
-			if err := expectClose(c.c, 10*time.Second); err != nil {
+			if err := expectClose(c.Conn, 10*time.Second); err != nil {
 				t.Errorf("request with bad magic: %v", err)
 			}
-			c.c.Close()
+			c.Conn.Close()
 		}
 	})
 
@@ -121,23 +123,23 @@ func TestNBDAbuse(t *testing.T) {
 		}
 		defer c.Close()
 		for _, n := range []uint32{0xFFFFFFFF, 1 << 30, 64<<20 + 4096} {
-			if err := c.send(nbdCmdRead, 0, n, nil); err != nil {
+			if err := c.Send(testutil.NBDCmdRead, 0, n, nil); err != nil {
 				t.Fatal(err)
 			}
-			err := c.reply(nil)
-			var ne *nbdError
-			if !errors.As(err, &ne) || ne.code != uint32(syscall.EINVAL) {
+			err := c.Reply(nil)
+			var ne *testutil.NBDError
+			if !errors.As(err, &ne) || ne.Code != uint32(syscall.EINVAL) {
 				t.Errorf("READ of %d bytes: %v; want an EINVAL reply", n, err)
 			}
 		}
 		// A WRITE over the maximum with its payload: refused with EINVAL (the payload read and
 		// thrown away), the connection still in sync.
 		big := make([]byte, 40<<20)
-		if err := c.send(nbdCmdWrite, uint64(sentOff), uint32(len(big)), big); err != nil {
+		if err := c.Send(testutil.NBDCmdWrite, uint64(sentOff), uint32(len(big)), big); err != nil {
 			t.Fatal(err)
 		}
-		var ne *nbdError
-		if err := c.reply(nil); !errors.As(err, &ne) || ne.code != uint32(syscall.EINVAL) {
+		var ne *testutil.NBDError
+		if err := c.Reply(nil); !errors.As(err, &ne) || ne.Code != uint32(syscall.EINVAL) {
 			t.Errorf("WRITE of %d bytes: %v; want an EINVAL reply", len(big), err)
 		}
 		if err := c.ReadAt(make([]byte, 4096), 0); err != nil {
@@ -149,9 +151,9 @@ func TestNBDAbuse(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_ = c2.send(nbdCmdWrite, uint64(sentOff), 0xFFFFFFFF, randomBytes(1<<20, 9))
-		err = expectClose(c2.c, 10*time.Second)
-		c2.c.Close()
+		_ = c2.Send(testutil.NBDCmdWrite, uint64(sentOff), 0xFFFFFFFF, randomBytes(1<<20, 9))
+		err = expectClose(c2.Conn, 10*time.Second)
+		c2.Conn.Close()
 		if err != nil {
 			t.Errorf("WRITE announcing 4 GiB: %v", err)
 		}
@@ -163,31 +165,31 @@ func TestNBDAbuse(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		end := uint64(c.size)
+		end := uint64(c.Size)
 		for _, tc := range []struct {
 			typ  uint16
 			off  uint64
 			n    uint32
 			want []syscall.Errno
 		}{
-			{nbdCmdRead, end, 4096, []syscall.Errno{syscall.EINVAL}},
-			{nbdCmdRead, end - 4096, 8192, []syscall.Errno{syscall.EINVAL}},
-			{nbdCmdRead, 1<<64 - 4096, 8192, []syscall.Errno{syscall.EINVAL}}, // offset + length overflows
-			{nbdCmdRead, 1 << 62, 4096, []syscall.Errno{syscall.EINVAL}},
-			{nbdCmdWrite, end, 4096, []syscall.Errno{syscall.ENOSPC, syscall.EINVAL}},
-			{nbdCmdWrite, end - 4096, 8192, []syscall.Errno{syscall.ENOSPC, syscall.EINVAL}}, // would overwrite the sentinel's tail
-			{nbdCmdWrite, 1<<64 - 4096, 8192, []syscall.Errno{syscall.ENOSPC, syscall.EINVAL}},
+			{testutil.NBDCmdRead, end, 4096, []syscall.Errno{syscall.EINVAL}},
+			{testutil.NBDCmdRead, end - 4096, 8192, []syscall.Errno{syscall.EINVAL}},
+			{testutil.NBDCmdRead, 1<<64 - 4096, 8192, []syscall.Errno{syscall.EINVAL}}, // offset + length overflows
+			{testutil.NBDCmdRead, 1 << 62, 4096, []syscall.Errno{syscall.EINVAL}},
+			{testutil.NBDCmdWrite, end, 4096, []syscall.Errno{syscall.ENOSPC, syscall.EINVAL}},
+			{testutil.NBDCmdWrite, end - 4096, 8192, []syscall.Errno{syscall.ENOSPC, syscall.EINVAL}}, // would overwrite the sentinel's tail
+			{testutil.NBDCmdWrite, 1<<64 - 4096, 8192, []syscall.Errno{syscall.ENOSPC, syscall.EINVAL}},
 		} {
 			var data []byte
-			if tc.typ == nbdCmdWrite {
+			if tc.typ == testutil.NBDCmdWrite {
 				data = randomBytes(int(tc.n), tc.off)
 			}
-			if err := c.send(tc.typ, tc.off, tc.n, data); err != nil {
+			if err := c.Send(tc.typ, tc.off, tc.n, data); err != nil {
 				t.Fatal(err)
 			}
-			err := c.reply(nil)
-			var ne *nbdError
-			if !errors.As(err, &ne) || !errnoIn(ne.code, tc.want) {
+			err := c.Reply(nil)
+			var ne *testutil.NBDError
+			if !errors.As(err, &ne) || !errnoIn(ne.Code, tc.want) {
 				t.Errorf("%s of %d bytes at %d (export %d bytes): %v; want an error reply %v", cmdName(tc.typ), tc.n, tc.off, end, err, tc.want)
 			}
 		}
@@ -204,18 +206,18 @@ func TestNBDAbuse(t *testing.T) {
 			}
 			switch i % 4 {
 			case 0: // half a request header
-				_, _ = c.c.Write(nbdRequest(nbdCmdWrite, 1, uint64(sentOff), 4096)[:13])
+				_, _ = c.Conn.Write(testutil.NBDRequest(testutil.NBDCmdWrite, 1, uint64(sentOff), 4096)[:13])
 			case 1: // a WRITE over the sentinel, cut in its payload: nothing of it may land
-				_, _ = c.c.Write(append(nbdRequest(nbdCmdWrite, 1, uint64(sentOff), 1<<20), randomBytes(300<<10, uint64(i))...))
+				_, _ = c.Conn.Write(append(testutil.NBDRequest(testutil.NBDCmdWrite, 1, uint64(sentOff), 1<<20), randomBytes(300<<10, uint64(i))...))
 			case 2: // a full 32 MiB WRITE header and 1 byte
-				_, _ = c.c.Write(append(nbdRequest(nbdCmdWrite, 1, uint64(sentOff)-31<<20, 32<<20), 0))
+				_, _ = c.Conn.Write(append(testutil.NBDRequest(testutil.NBDCmdWrite, 1, uint64(sentOff)-31<<20, 32<<20), 0))
 			case 3: // hang up during the handshake
-				c.c.Close()
+				c.Conn.Close()
 				nc := dialHello(t, sock)
-				_, _ = nc.Write(binary.BigEndian.AppendUint32(nil, nbdFlagFixed))
+				_, _ = nc.Write(binary.BigEndian.AppendUint32(nil, testutil.NBDFlagFixed))
 				nc.Close()
 			}
-			abortConn(c.c)
+			abortConn(c.Conn)
 		}
 	})
 
@@ -227,15 +229,15 @@ func TestNBDAbuse(t *testing.T) {
 			}
 			if i%2 == 0 {
 				// One 32 MiB READ: take 100 bytes of the reply, hang up.
-				_ = c.send(nbdCmdRead, 0, 32<<20, nil)
-				_, _ = io.ReadFull(c.c, make([]byte, 100))
+				_ = c.Send(testutil.NBDCmdRead, 0, 32<<20, nil)
+				_, _ = io.ReadFull(c.Conn, make([]byte, 100))
 			} else {
 				// 64 pipelined 1 MiB READs, none of the replies read.
 				for j := range 64 {
-					_ = c.send(nbdCmdRead, uint64(j)<<20, 1<<20, nil)
+					_ = c.Send(testutil.NBDCmdRead, uint64(j)<<20, 1<<20, nil)
 				}
 			}
-			abortConn(c.c)
+			abortConn(c.Conn)
 		}
 	})
 
@@ -255,10 +257,10 @@ func TestNBDAbuse(t *testing.T) {
 	abuse("SlowReaders", func(t *testing.T) {
 		// Four clients pipeline 2 × 32 MiB READs each and never read a reply (issue 23); a
 		// fifth client's 4 KiB READ must still be answered within a second.
-		var slow []*nbdClient
+		var slow []*testutil.NBDClient
 		defer func() {
 			for _, c := range slow {
-				abortConn(c.c)
+				abortConn(c.Conn)
 			}
 		}()
 		for i := range 4 {
@@ -268,7 +270,7 @@ func TestNBDAbuse(t *testing.T) {
 			}
 			slow = append(slow, c)
 			for j := range 2 {
-				_ = c.send(nbdCmdRead, uint64(i*2+j)<<20, 32<<20, nil)
+				_ = c.Send(testutil.NBDCmdRead, uint64(i*2+j)<<20, 32<<20, nil)
 			}
 		}
 		time.Sleep(time.Second) // let the server fill their replies
@@ -348,9 +350,9 @@ func errnoIn(code uint32, want []syscall.Errno) bool {
 
 func cmdName(typ uint16) string {
 	switch typ {
-	case nbdCmdRead:
+	case testutil.NBDCmdRead:
 		return "READ"
-	case nbdCmdWrite:
+	case testutil.NBDCmdWrite:
 		return "WRITE"
 	}
 	return fmt.Sprintf("command %d", typ)

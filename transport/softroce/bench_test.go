@@ -47,19 +47,30 @@ func mbps(b *testing.B, bytes int64, d time.Duration) {
 	b.ReportMetric(float64(bytes)/d.Seconds()/1e6, "MB/s")
 }
 
+// startBench starts the timed part of a benchmark that moves size bytes an op and returns when
+// it started.
+func startBench(b *testing.B, size int) time.Time {
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	b.ResetTimer()
+	return time.Now()
+}
+
+// reportDelivered ends a one-way blast started at start: it gives the receiver up to 50 ms to
+// count the want bytes still queued (got), stops the timer and reports the throughput received
+// and the fraction lost.
+func reportDelivered(b *testing.B, got *atomic.Int64, want int64, start time.Time) {
+	for t := time.Now(); got.Load() < want && time.Since(t) < 50*time.Millisecond; {
+		time.Sleep(100 * time.Microsecond)
+	}
+	el := time.Since(start)
+	b.StopTimer()
+	mbps(b, got.Load(), el)
+	b.ReportMetric(1-float64(got.Load())/float64(want), "loss")
+}
+
 func benchRDMA(b *testing.B, size int, op transport.WROpcode, lo link.UDPOptions) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	ip := netip.MustParseAddr("127.0.0.1")
-	la, err := link.ListenUDP(ctx, netip.AddrPortFrom(ip, 0), lo)
-	if err != nil {
-		b.Skip(err)
-	}
-	lb, err := link.ListenUDP(ctx, netip.AddrPortFrom(ip, 0), lo)
-	if err != nil {
-		la.Close()
-		b.Skip(err)
-	}
+	la, lb := ListenUDPPair(b, loopback4, loopback4, lo)
 	o := nodeOpts{memSize: 2 * benchDepth * size, sqDepth: 64, cqDepth: 256}
 	na, nb := newNode(b, la, o), newNode(b, lb, o)
 	defer func() { na.close(); nb.close() }()
@@ -98,10 +109,7 @@ func benchRun(b *testing.B, na, nb *node, size int, op transport.WROpcode) {
 	}
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer wcancel()
-	b.SetBytes(int64(size))
-	b.ReportAllocs()
-	b.ResetTimer()
-	start := time.Now()
+	start := startBench(b, size)
 	inflight := 0
 	posted := 0
 	for done := 0; done < b.N; {
@@ -165,10 +173,7 @@ func benchRawUDP(b *testing.B, size int) {
 	}()
 	pkt := make([]byte, dgram)
 	per := (size + 4095) / 4096
-	b.SetBytes(int64(size))
-	b.ReportAllocs()
-	b.ResetTimer()
-	start := time.Now()
+	start := startBench(b, size)
 	for i := 0; i < b.N; i++ {
 		for k := 0; k < per; k++ {
 			if _, err := sc.Write(pkt); err != nil {
@@ -177,14 +182,7 @@ func benchRawUDP(b *testing.B, size int) {
 		}
 	}
 	// Let the receiver drain what is still queued.
-	want := int64(b.N) * int64(per) * 4096
-	for t := time.Now(); got.Load() < want && time.Since(t) < 50*time.Millisecond; {
-		time.Sleep(100 * time.Microsecond)
-	}
-	el := time.Since(start)
-	b.StopTimer()
-	mbps(b, got.Load(), el)
-	b.ReportMetric(1-float64(got.Load())/float64(want), "loss")
+	reportDelivered(b, &got, int64(b.N)*int64(per)*4096, start)
 	rc.Close()
 	wg.Wait()
 }
@@ -193,18 +191,8 @@ func benchRawUDP(b *testing.B, size int) {
 // ICRC computed and verified), as RDMA WRITE MIDDLE packets of 4096 bytes, with no RC engine:
 // the ceiling the engine runs under.
 func benchRawLink(b *testing.B, size int) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	ip := netip.MustParseAddr("127.0.0.1")
-	la, err := link.ListenUDP(ctx, netip.AddrPortFrom(ip, 0), link.UDPOptions{})
-	if err != nil {
-		b.Skip(err)
-	}
+	la, lb := ListenUDPPair(b, loopback4, loopback4, link.UDPOptions{})
 	defer la.Close()
-	lb, err := link.ListenUDP(ctx, netip.AddrPortFrom(ip, 0), link.UDPOptions{})
-	if err != nil {
-		b.Skip(err)
-	}
 	var got atomic.Int64
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -243,10 +231,7 @@ func benchRawLink(b *testing.B, size int) {
 		tx[i] = link.Packet{Dst: lb.LocalAddrPort(), Buf: p.Bytes()}
 	}
 	per := (size + 4095) / 4096
-	b.SetBytes(int64(size))
-	b.ReportAllocs()
-	b.ResetTimer()
-	start := time.Now()
+	start := startBench(b, size)
 	for i := 0; i < b.N; i++ {
 		for left := per; left > 0; {
 			n := min(left, batch)
@@ -257,14 +242,7 @@ func benchRawLink(b *testing.B, size int) {
 			left -= sent
 		}
 	}
-	want := int64(b.N) * int64(per) * 4096
-	for t := time.Now(); got.Load() < want && time.Since(t) < 50*time.Millisecond; {
-		time.Sleep(100 * time.Microsecond)
-	}
-	el := time.Since(start)
-	b.StopTimer()
-	mbps(b, got.Load(), el)
-	b.ReportMetric(1-float64(got.Load())/float64(want), "loss")
+	reportDelivered(b, &got, int64(b.N)*int64(per)*4096, start)
 	lb.Close()
 	wg.Wait()
 }

@@ -89,6 +89,18 @@ func (n *node) newQP(t testing.TB, depth int) transport.QP {
 
 var rdParam = transport.ConnParam{ResponderResources: 4, InitiatorDepth: 4, FlowControl: true}
 
+// listenCM listens on n's device at addr (the zero Addr: every address) and port, closing the
+// listener when t ends.
+func listenCM(t *testing.T, n *node, addr netip.Addr, port uint16) transport.Listener {
+	t.Helper()
+	l, err := n.dev.Listen(addr, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -112,11 +124,7 @@ func goDial(ctx context.Context, n *node, to netip.Addr, port uint16, qp transpo
 // connectCM connects a.qp to b.qp through the CM (b listens, a dials) and returns both ends.
 func connectCM(t *testing.T, p *cmPair, dialPD, acceptPD []byte) (ca, cb transport.CMConn) {
 	t.Helper()
-	l, err := p.b.dev.Listen(netip.Addr{}, cmPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := listenCM(t, p.b, netip.Addr{}, cmPort)
 	ctx := ctxT(t, 10*time.Second)
 	dch := goDial(ctx, p.a, p.b.addr.Addr(), cmPort, p.a.qp, dialPD, rdParam)
 	req, err := l.Accept(ctx)
@@ -282,11 +290,7 @@ func TestCMConnectTrafficDisconnect(t *testing.T) {
 
 func TestCMRejectWithPrivateData(t *testing.T) {
 	p := newCMPipe(t, link.PipeConfig{}, nodeOpts{})
-	l, err := p.b.dev.Listen(p.b.addr.Addr(), cmPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := listenCM(t, p.b, p.b.addr.Addr(), cmPort)
 	ctx := ctxT(t, 10*time.Second)
 	dch := goDial(ctx, p.a, p.b.addr.Addr(), cmPort, p.a.qp, []byte("please"), transport.ConnParam{})
 	req, err := l.Accept(ctx)
@@ -324,11 +328,7 @@ func TestCMNoListenerRejects(t *testing.T) {
 	}
 	// Listeners: a device address or the wildcard (both at once is fine); not twice, not on a
 	// foreign address.
-	l, err := p.b.dev.Listen(p.b.addr.Addr(), 4242)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	listenCM(t, p.b, p.b.addr.Addr(), 4242)
 	if _, err := p.b.dev.Listen(netip.Addr{}, 4242); err != nil { // wildcard besides: fine
 		t.Fatal(err)
 	}
@@ -363,11 +363,7 @@ func TestCMDialUnreachableAndCancel(t *testing.T) {
 	// Cancellation: the attempt is aborted with a REJ (reason timeout, ARI = our GUID) that
 	// kills the request on the listener's side.
 	p.la.SetFilter(nil)
-	l, err := p.b.dev.Listen(netip.Addr{}, cmPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := listenCM(t, p.b, netip.Addr{}, cmPort)
 	q := p.a.newQP(t, 8)
 	ctx, cancel := context.WithCancel(context.Background())
 	dch := goDial(ctx, p.a, p.b.addr.Addr(), cmPort, q, nil, transport.ConnParam{})
@@ -451,11 +447,7 @@ func TestCMLossAndDuplicates(t *testing.T) {
 			if err := p.b.qp.PostRecv([]transport.RecvWR{{ID: 99, SGL: []transport.SGE{p.b.sge(0, 4096)}}}); err != nil {
 				t.Fatal(err)
 			}
-			l, err := p.b.dev.Listen(netip.Addr{}, cmPort)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
+			l := listenCM(t, p.b, netip.Addr{}, cmPort)
 			ctx := ctxT(t, 10*time.Second)
 			start := time.Now()
 			dch := goDial(ctx, p.a, p.b.addr.Addr(), cmPort, p.a.qp, []byte{1}, rdParam)
@@ -577,11 +569,7 @@ func TestCMManyConcurrent(t *testing.T) {
 	cfg := fastCM
 	cfg.CMResponseTimeout, cfg.MaxCMRetries = 17, 8 // 512 ms
 	p.configure(t, cfg)
-	l, err := p.b.dev.Listen(netip.Addr{}, cmPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := listenCM(t, p.b, netip.Addr{}, cmPort)
 	ctx := ctxT(t, 30*time.Second)
 	aq, bq := make([]transport.QP, n), make([]transport.QP, n)
 	for i := range aq {
@@ -813,11 +801,7 @@ func TestCMFreshQPNs(t *testing.T) {
 // connection may still be in timewait.
 func TestCMReconnect(t *testing.T) {
 	p := newCMPipe(t, link.PipeConfig{}, nodeOpts{})
-	l, err := p.b.dev.Listen(netip.Addr{}, cmPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := listenCM(t, p.b, netip.Addr{}, cmPort)
 	ctx := ctxT(t, 10*time.Second)
 	var ids []uint32
 	for i := 0; i < 3; i++ {
@@ -850,11 +834,7 @@ func TestCMReconnect(t *testing.T) {
 // An MRA makes the dialler wait longer than its REQ retries would (68 ms × 5 here).
 func TestCMMRAExtendsTimeout(t *testing.T) {
 	p := newCMPipe(t, link.PipeConfig{}, nodeOpts{})
-	l, err := p.b.dev.Listen(netip.Addr{}, cmPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := listenCM(t, p.b, netip.Addr{}, cmPort)
 	ctx := ctxT(t, 10*time.Second)
 	dch := goDial(ctx, p.a, p.b.addr.Addr(), cmPort, p.a.qp, nil, transport.ConnParam{})
 	req, err := l.Accept(ctx)

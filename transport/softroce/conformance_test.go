@@ -1,7 +1,6 @@
 package softroce
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -39,17 +38,7 @@ func pipeMaker(faults link.Faults) pairMaker {
 func udpMaker(addr string) pairMaker {
 	return func(t *testing.T, o nodeOpts) (*node, *node) {
 		ip := netip.MustParseAddr(addr)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		la, err := link.ListenUDP(ctx, netip.AddrPortFrom(ip, 0), link.UDPOptions{})
-		if err != nil {
-			t.Skipf("no UDP link on %s: %v", addr, err)
-		}
-		lb, err := link.ListenUDP(ctx, netip.AddrPortFrom(ip, 0), link.UDPOptions{})
-		if err != nil {
-			la.Close()
-			t.Skipf("no UDP link on %s: %v", addr, err)
-		}
+		la, lb := ListenUDPPair(t, ip, ip, link.UDPOptions{})
 		a, b := newNode(t, la, o), newNode(t, lb, o)
 		t.Cleanup(func() { a.close(); b.close(); checkNoEngineGoroutines(t) })
 		return a, b

@@ -2,24 +2,19 @@ package softroce
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 
 	"github.com/srpd/srpd/transport"
 )
 
-// cq implements transport.CQ: a fixed ring of WCs. Engine code pushes under dev.mu then cq.mu
-// (lock order dev.mu → cq.mu); Poll takes only cq.mu. Completions pushed by the receive loop
-// are notified when it releases dev.mu (Device.rxNotify).
+// cq implements transport.CQ: a fixed ring of WCs (transport.WCQueue). Engine code pushes
+// under dev.mu (lock order dev.mu → the queue's lock); Poll takes only the queue's lock.
+// Completions pushed by the receive loop are notified when it releases dev.mu
+// (Device.rxNotify).
 type cq struct {
-	dev    *Device
-	mu     sync.Mutex
-	ring   []transport.WC
-	head   int
-	n      int
-	notify chan struct{}
-	closed bool
-	users  int // QPs (dev.mu)
+	dev   *Device
+	q     transport.WCQueue
+	users int // QPs (dev.mu)
 	// deferred: a notification is owed at the end of the receive batch (dev.mu).
 	deferred bool
 	// owedH: the CQ is on dev.hOwed, its handler owed a run before rxHandle ends (dev.mu).
@@ -41,39 +36,16 @@ func (c *cq) SetCompletionHandler(fn func() bool) {
 	c.handler.Store(&fn)
 }
 
-func (c *cq) Cap() int                { return len(c.ring) }
-func (c *cq) Notify() <-chan struct{} { return c.notify }
-
-func (c *cq) Poll(wcs []transport.WC) int {
-	c.mu.Lock()
-	k := 0
-	for k < len(wcs) && c.n > 0 {
-		wcs[k] = c.ring[c.head]
-		c.head++
-		if c.head == len(c.ring) {
-			c.head = 0
-		}
-		c.n--
-		k++
-	}
-	c.mu.Unlock()
-	return k
-}
+func (c *cq) Cap() int                       { return c.q.Cap() }
+func (c *cq) Notify() <-chan struct{}        { return c.q.Notify() }
+func (c *cq) Poll(wcs []transport.WC) int    { return c.q.Poll(wcs) }
+func (c *cq) Wait(ctx context.Context) error { return c.q.Wait(ctx) }
 
 // push queues a WC; false if the CQ is full (overrun) or closed.
 func (c *cq) push(wc *transport.WC) bool {
-	c.mu.Lock()
-	if c.n == len(c.ring) || c.closed {
-		c.mu.Unlock()
+	if c.q.Push(*wc) == 0 {
 		return false
 	}
-	i := c.head + c.n
-	if i >= len(c.ring) {
-		i -= len(c.ring)
-	}
-	c.ring[i] = *wc
-	c.n++
-	c.mu.Unlock()
 	if d := c.dev; d.rxHolds {
 		// The receive loop notifies once it has released dev.mu (Device.rxNotify): a waiter
 		// woken now would only block on dev.mu.
@@ -92,35 +64,8 @@ func (c *cq) push(wc *transport.WC) bool {
 		}
 		return true
 	}
-	c.wake()
+	c.q.Wake()
 	return true
-}
-
-// wake gives the notification token (at most one is pending).
-func (c *cq) wake() {
-	select {
-	case c.notify <- struct{}{}:
-	default:
-	}
-}
-
-func (c *cq) Wait(ctx context.Context) error {
-	for {
-		c.mu.Lock()
-		n, closed := c.n, c.closed
-		c.mu.Unlock()
-		if n > 0 {
-			return nil
-		}
-		if closed {
-			return transport.ErrClosed
-		}
-		select {
-		case <-c.notify:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
 }
 
 func (c *cq) Close() error {
@@ -129,16 +74,9 @@ func (c *cq) Close() error {
 	if c.users > 0 {
 		return transport.ErrBusy
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
+	if !c.q.Close() {
 		return transport.ErrClosed
 	}
-	c.closed = true
 	c.dev.ncq-- // the slot is free again: a device lives through any number of CQs, MaxCQ at once
-	select {
-	case c.notify <- struct{}{}:
-	default:
-	}
 	return nil
 }

@@ -347,7 +347,9 @@ func (d *Device) CreateCQ(entries int) (transport.CQ, error) {
 		return nil, transport.ErrNoResources
 	}
 	d.ncq++
-	return &cq{dev: d, ring: make([]transport.WC, entries), notify: make(chan struct{}, 1)}, nil
+	c := &cq{dev: d}
+	c.q.Init(entries)
+	return c, nil
 }
 
 // Close implements transport.Device: no new work is accepted; outstanding send work and queued
@@ -626,7 +628,7 @@ func (d *Device) rxHandle(ctl []link.Packet, spare [][]byte) []link.Packet {
 		d.notifyCQs[i] = nil
 		c.deferred = false
 		if h := c.handler.Load(); h == nil || !(*h)() {
-			c.wake()
+			c.q.Wake()
 		}
 	}
 	d.notifyCQs = d.notifyCQs[:0]
@@ -642,7 +644,7 @@ func (d *Device) rxHandle(ctl []link.Packet, spare [][]byte) []link.Packet {
 			// A bounded number of rounds: a handler whose every run posts something that
 			// completes at once is left to its consumer's goroutine.
 			if h := c.handler.Load(); round >= handlerRounds || h == nil || !(*h)() {
-				c.wake()
+				c.q.Wake()
 			}
 		}
 		d.mu.Lock()
@@ -666,7 +668,7 @@ func (d *Device) rxNotify() {
 	for i, c := range d.notifyCQs {
 		d.notifyCQs[i] = nil
 		c.deferred = false
-		c.wake()
+		c.q.Wake()
 	}
 	d.notifyCQs = d.notifyCQs[:0]
 }

@@ -2,6 +2,7 @@ package softroce
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/netip"
 	"runtime"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/srpd/srpd/transport"
@@ -55,24 +57,12 @@ type nodeOpts struct {
 }
 
 func (o *nodeOpts) fill() {
-	if o.memSize == 0 {
-		o.memSize = 1 << 20
-	}
-	if o.sqDepth == 0 {
-		o.sqDepth = 256
-	}
-	if o.rqDepth == 0 {
-		o.rqDepth = 256
-	}
-	if o.cqDepth == 0 {
-		o.cqDepth = 4096
-	}
-	if o.maxSGE == 0 {
-		o.maxSGE = 4
-	}
-	if o.mrAccess == 0 {
-		o.mrAccess = transport.AccessLocalWrite | transport.AccessRemoteWrite | transport.AccessRemoteRead
-	}
+	o.memSize = cmp.Or(o.memSize, 1<<20)
+	o.sqDepth = cmp.Or(o.sqDepth, 256)
+	o.rqDepth = cmp.Or(o.rqDepth, 256)
+	o.cqDepth = cmp.Or(o.cqDepth, 4096)
+	o.maxSGE = cmp.Or(o.maxSGE, 4)
+	o.mrAccess = cmp.Or(o.mrAccess, transport.AccessLocalWrite|transport.AccessRemoteWrite|transport.AccessRemoteRead)
 }
 
 func newNode(t tb, lnk link.Link, o nodeOpts) *node {
@@ -130,27 +120,15 @@ type connOpts struct {
 }
 
 func (o *connOpts) fill() {
-	if o.mtu == 0 {
-		o.mtu = transport.MTU1024
-	}
+	o.mtu = cmp.Or(o.mtu, transport.MTU1024)
 	if o.timeout == 0 && !o.noTimeout {
 		o.timeout = 12 // 16.8 ms
 	}
-	if o.retry == 0 {
-		o.retry = 7
-	}
-	if o.rnrRetry == 0 {
-		o.rnrRetry = 7
-	}
-	if o.minRNRTimer == 0 {
-		o.minRNRTimer = 1 // 10 µs
-	}
-	if o.maxRd == 0 {
-		o.maxRd = 16
-	}
-	if o.access == 0 {
-		o.access = transport.AccessRemoteWrite | transport.AccessRemoteRead
-	}
+	o.retry = cmp.Or(o.retry, 7)
+	o.rnrRetry = cmp.Or(o.rnrRetry, 7)
+	o.minRNRTimer = cmp.Or(o.minRNRTimer, 1) // 10 µs
+	o.maxRd = cmp.Or(o.maxRd, 16)
+	o.access = cmp.Or(o.access, transport.AccessRemoteWrite|transport.AccessRemoteRead)
 }
 
 // bringUp moves n's QP to RTS towards peer (address, QPN, PSN exchanged out of band, as
@@ -315,3 +293,33 @@ func fmtSize(n int) string {
 }
 
 func pipeDefault() link.PipeConfig { return link.PipeConfig{} }
+
+// loopback4 is the address the UDP tests and benchmarks listen on when one will do.
+var loopback4 = netip.MustParseAddr("127.0.0.1")
+
+// ListenUDPPair opens UDP links on ephemeral ports of a and b (a == b is fine: two ports); it skips t
+// where the host cannot listen there. The caller closes them (a device closes its link). Exported for the external
+// tests (transporttest_test.go).
+func ListenUDPPair(t testing.TB, a, b netip.Addr, lo link.UDPOptions) (*link.UDP, *link.UDP) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	la, err := link.ListenUDP(ctx, netip.AddrPortFrom(a, 0), lo)
+	if err != nil {
+		t.Skipf("SKIPPED: no UDP link on %v: %v", a, err)
+	}
+	lb, err := link.ListenUDP(ctx, netip.AddrPortFrom(b, 0), lo)
+	if err != nil {
+		la.Close()
+		t.Skipf("SKIPPED: no UDP link on %v: %v", b, err)
+	}
+	return la, lb
+}
+
+// mustPostSend posts wrs on q and stops t on an error.
+func mustPostSend(t tb, q transport.QP, wrs []transport.SendWR) {
+	if err := q.PostSend(wrs); err != nil {
+		helper(t)
+		t.Fatal(err)
+	}
+}

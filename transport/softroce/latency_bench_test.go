@@ -3,7 +3,6 @@ package softroce
 import (
 	"context"
 	"net"
-	"net/netip"
 	"syscall"
 	"testing"
 	"time"
@@ -92,18 +91,7 @@ func benchLatRawUDP(b *testing.B) {
 }
 
 func latPair(b *testing.B, lo link.UDPOptions) (*node, *node) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	ip := netip.MustParseAddr("127.0.0.1")
-	la, err := link.ListenUDP(ctx, netip.AddrPortFrom(ip, 0), lo)
-	if err != nil {
-		b.Skip(err)
-	}
-	lb, err := link.ListenUDP(ctx, netip.AddrPortFrom(ip, 0), lo)
-	if err != nil {
-		la.Close()
-		b.Skip(err)
-	}
+	la, lb := ListenUDPPair(b, loopback4, loopback4, lo)
 	o := nodeOpts{memSize: 1 << 20, sqDepth: 64, rqDepth: 64, cqDepth: 256}
 	na, nb := newNode(b, la, o), newNode(b, lb, o)
 	connect(na, nb, connOpts{mtu: transport.MTU4096, timeout: 14})
@@ -183,9 +171,7 @@ func benchLatSend(b *testing.B, size int, lo link.UDPOptions) {
 	b.ResetTimer()
 	start, cpu0 := time.Now(), cpuTime()
 	for i := 0; i < b.N; i++ {
-		if err := na.qp.PostSend(wr); err != nil {
-			b.Fatal(err)
-		}
+		mustPostSend(b, na.qp, wr)
 		c := waitOne(b, na.rcq, ctx, wc[:])
 		k := int(c.ID)
 		rsg[0] = na.sge(4096+k*4096, 4096)
@@ -225,9 +211,7 @@ func benchLatOne(b *testing.B, size int, op transport.WROpcode, lo link.UDPOptio
 	b.ResetTimer()
 	start, cpu0 := time.Now(), cpuTime()
 	for i := 0; i < b.N; i++ {
-		if err := na.qp.PostSend(wr); err != nil {
-			b.Fatal(err)
-		}
+		mustPostSend(b, na.qp, wr)
 		waitOne(b, na.scq, ctx, wc[:])
 	}
 	usPerOp(b, time.Since(start), cpu0)

@@ -178,8 +178,8 @@ func (p *pd) RegMR(addr, length uint64, access transport.Access) (transport.MR, 
 
 func (p *pd) AllocFastRegMR(maxPages int) (transport.MR, error) {
 	d := p.dev
-	if maxPages <= 0 || maxPages > d.attr.MaxMRPages {
-		return nil, fmt.Errorf("fast-reg MR of %d pages (max %d): %w", maxPages, d.attr.MaxMRPages, transport.ErrInvalidArgument)
+	if err := d.attr.CheckFastRegPages(maxPages); err != nil {
+		return nil, err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()

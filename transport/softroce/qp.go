@@ -167,17 +167,9 @@ func (p *pd) CreateQP(ia transport.QPInitAttr) (transport.QP, error) {
 	if !ok1 || !ok2 || scq.dev != d || rcq.dev != d {
 		return nil, fmt.Errorf("create QP: CQs: %w", transport.ErrWrongDevice)
 	}
-	c := ia.Cap
-	if c.MaxSendWR <= 0 || c.MaxRecvWR <= 0 || c.MaxSendWR > d.attr.MaxQPWR || c.MaxRecvWR > d.attr.MaxQPWR ||
-		c.MaxSendSGE < 0 || c.MaxRecvSGE < 0 || c.MaxSendSGE > d.attr.MaxSGE || c.MaxRecvSGE > d.attr.MaxSGE ||
-		c.MaxInlineData < 0 || c.MaxInlineData > d.attr.MaxInlineData {
-		return nil, fmt.Errorf("create QP: capabilities %+v exceed device limits: %w", c, transport.ErrInvalidArgument)
-	}
-	if c.MaxSendSGE == 0 {
-		c.MaxSendSGE = 1
-	}
-	if c.MaxRecvSGE == 0 {
-		c.MaxRecvSGE = 1
+	c, err := d.attr.CheckQPCap(ia.Cap)
+	if err != nil {
+		return nil, fmt.Errorf("create QP: %w", err)
 	}
 	c.MaxSendWR = roundPow2(c.MaxSendWR)
 	c.MaxRecvWR = roundPow2(c.MaxRecvWR)

@@ -392,20 +392,11 @@ func (c *cmState) queueMAD(m *cm.OutMAD, rx netip.AddrPort) {
 		port = c.peerPort(m.Dst)
 	}
 	buf := make([]byte, wire.PacketLen(wire.UDSendOnly, wire.MADLen))
-	p, err := wire.Layout(buf, wire.UDSendOnly, wire.MADLen)
+	p, err := wire.LayoutMAD(buf, wire.PSN(c.madPSN), m.MAD[:])
 	if err != nil {
 		panic("softroce: layout MAD: " + err.Error())
 	}
-	b := p.BTH()
-	b.SetPKey(wire.DefaultPKey)
-	b.SetDestQP(wire.QPGSI)
-	b.SetAckReq(true)
-	b.SetPSN(wire.PSN(c.madPSN))
 	c.madPSN = (c.madPSN + 1) & wire.PSNMask
-	dt := p.DETH()
-	dt.SetQKey(wire.GSIQKey)
-	dt.SetSrcQP(wire.QPGSI)
-	copy(p.Payload(), m.MAD[:])
 	c.txq = append(c.txq, link.Packet{
 		Src: netip.AddrPortFrom(m.Src, d.port),
 		Dst: netip.AddrPortFrom(m.Dst, port),

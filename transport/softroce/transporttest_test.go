@@ -61,17 +61,7 @@ func pipeFactory(faults link.Faults) transporttest.Factory {
 }
 
 func udpFactory(t *testing.T) transporttest.Pair {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	la, err := link.ListenUDP(ctx, netip.MustParseAddrPort("127.0.0.1:0"), link.UDPOptions{})
-	if err != nil {
-		t.Skipf("SKIPPED: no UDP link on 127.0.0.1: %v", err)
-	}
-	lb, err := link.ListenUDP(ctx, netip.MustParseAddrPort("127.0.0.2:0"), link.UDPOptions{})
-	if err != nil {
-		la.Close()
-		t.Skipf("SKIPPED: no UDP link on 127.0.0.2: %v", err)
-	}
+	la, lb := softroce.ListenUDPPair(t, netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"), link.UDPOptions{})
 	da, db := openDev(t, la, "udpA"), openDev(t, lb, "udpB")
 	pa, pb := la.LocalAddrPort(), lb.LocalAddrPort()
 	// Two devices on one host, each on an ephemeral port: tell each where the other listens.

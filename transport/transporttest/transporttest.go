@@ -17,6 +17,7 @@ package transporttest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -69,18 +70,10 @@ func (c *Config) fill() {
 	if len(c.MTUs) == 0 {
 		c.MTUs = []transport.MTU{transport.MTU1024}
 	}
-	if c.Wait == 0 {
-		c.Wait = 30 * time.Second
-	}
-	if c.LocalACKTimeout == 0 {
-		c.LocalACKTimeout = 14
-	}
-	if c.BigXfer == 0 {
-		c.BigXfer = 1 << 20
-	}
-	if c.CMPort == 0 {
-		c.CMPort = 18515
-	}
+	c.Wait = cmp.Or(c.Wait, 30*time.Second)
+	c.LocalACKTimeout = cmp.Or(c.LocalACKTimeout, 14)
+	c.BigXfer = cmp.Or(c.BigXfer, 1<<20)
+	c.CMPort = cmp.Or(c.CMPort, 18515)
 }
 
 // Run runs the suite with the default configuration.
@@ -135,18 +128,10 @@ type sideOpts struct {
 }
 
 func (o *sideOpts) fill() {
-	if o.memSize == 0 {
-		o.memSize = 1 << 20
-	}
-	if o.depth == 0 {
-		o.depth = 64
-	}
-	if o.maxSGE == 0 {
-		o.maxSGE = 2
-	}
-	if o.mrAccess == 0 {
-		o.mrAccess = transport.AccessLocalWrite | transport.AccessRemoteWrite | transport.AccessRemoteRead
-	}
+	o.memSize = cmp.Or(o.memSize, 1<<20)
+	o.depth = cmp.Or(o.depth, 64)
+	o.maxSGE = cmp.Or(o.maxSGE, 2)
+	o.mrAccess = cmp.Or(o.mrAccess, transport.AccessLocalWrite|transport.AccessRemoteWrite|transport.AccessRemoteRead)
 }
 
 func newSide(t *testing.T, ep Endpoint, o sideOpts) *side {
@@ -216,9 +201,7 @@ type connOpts struct {
 // bringUp moves qp to RTS towards peer's qp (address, QPN and PSN exchanged out of band).
 func (s *side) bringUp(t *testing.T, qp transport.QP, myPSN uint32, peer Endpoint, peerQPN, peerPSN uint32, o connOpts) {
 	t.Helper()
-	if o.access == 0 {
-		o.access = transport.AccessRemoteWrite | transport.AccessRemoteRead
-	}
+	o.access = cmp.Or(o.access, transport.AccessRemoteWrite|transport.AccessRemoteRead)
 	if err := qp.Modify(&transport.QPAttr{State: transport.QPSInit, Port: 1, AccessFlags: o.access},
 		transport.AttrState|transport.AttrPKeyIndex|transport.AttrPort|transport.AttrAccessFlags); err != nil {
 		t.Fatalf("RESET->INIT: %v", err)
@@ -244,9 +227,7 @@ func (s *suite) pair(t *testing.T, o sideOpts, mtu transport.MTU) (a, b *side, p
 	t.Helper()
 	p = s.f(t)
 	a, b = newSide(t, p.A, o), newSide(t, p.B, o)
-	if mtu == 0 {
-		mtu = transport.MTU1024
-	}
+	mtu = cmp.Or(mtu, transport.MTU1024)
 	if m := a.ep.Dev.Attr().ActiveMTU; m != 0 && mtu > m {
 		t.Skipf("path MTU %v above the device's active MTU %v", mtu, m)
 	}

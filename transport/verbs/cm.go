@@ -11,7 +11,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -177,10 +179,7 @@ func (c *cmState) close() {
 	}
 	c.isClosed = true
 	close(c.closed)
-	objs := make([]cmObj, 0, len(c.objs))
-	for _, o := range c.objs {
-		objs = append(objs, o)
-	}
+	objs := slices.Collect(maps.Values(c.objs))
 	c.objs = map[uint64]cmObj{}
 	c.mu.Unlock()
 	wake(c.stop)
@@ -421,14 +420,9 @@ func (r *cmConn) disconnected(e *cmEvent) {
 }
 
 func (r *cmConn) destroyID() {
-	r.mu.Lock()
-	if r.destroyed {
-		r.mu.Unlock()
-		return
+	if claimTeardown(&r.mu, &r.destroyed) {
+		C.rdma_destroy_id(r.id)
 	}
-	r.destroyed = true
-	r.mu.Unlock()
-	C.rdma_destroy_id(r.id)
 }
 
 // abandon ends a connection attempt: the ID is destroyed (the kernel CM sends a REJ or DREQ as

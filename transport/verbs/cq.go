@@ -10,7 +10,6 @@ import "C"
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
@@ -28,13 +27,8 @@ type cq struct {
 	ch   *C.struct_ibv_comp_channel
 	stop int // eventfd
 
-	mu     sync.Mutex
-	ring   []transport.WC
-	head   int
-	n      int
-	closed bool
-	users  int // QPs (dev.mu)
-	notify chan struct{}
+	q      transport.WCQueue
+	users  int           // QPs (dev.mu)
 	space  chan struct{} // Poll made room while the poller waited for it
 	done   chan struct{} // poller exited
 	stopCh chan struct{} // closed by destroy
@@ -79,33 +73,22 @@ func (d *Device) CreateCQ(entries int) (transport.CQ, error) {
 		C.shim_destroy_cq(ib, ch)
 		return nil, fmt.Errorf("verbs: eventfd: %w", err)
 	}
-	n := max(entries, int(ib.cqe))
-	c := &cq{dev: d, ib: ib, ch: ch, stop: efd, ring: make([]transport.WC, n),
-		notify: make(chan struct{}, 1), space: make(chan struct{}, 1), done: make(chan struct{}), stopCh: make(chan struct{}),
+	c := &cq{dev: d, ib: ib, ch: ch, stop: efd,
+		space: make(chan struct{}, 1), done: make(chan struct{}), stopCh: make(chan struct{}),
 		wcs: (*C.struct_shim_wc)(C.calloc(C.SHIM_POLL_MAX, C.size_t(unsafe.Sizeof(C.struct_shim_wc{}))))}
+	c.q.Init(max(entries, int(ib.cqe)))
 	d.cqs[c] = struct{}{}
 	go c.pollLoop()
 	return c, nil
 }
 
-func (c *cq) Cap() int                { return len(c.ring) }
-func (c *cq) Notify() <-chan struct{} { return c.notify }
+func (c *cq) Cap() int                       { return c.q.Cap() }
+func (c *cq) Notify() <-chan struct{}        { return c.q.Notify() }
+func (c *cq) Wait(ctx context.Context) error { return c.q.Wait(ctx) }
 
 // Poll implements transport.CQ; it never enters C.
 func (c *cq) Poll(wcs []transport.WC) int {
-	c.mu.Lock()
-	k := 0
-	full := c.n == len(c.ring)
-	for k < len(wcs) && c.n > 0 {
-		wcs[k] = c.ring[c.head]
-		c.head++
-		if c.head == len(c.ring) {
-			c.head = 0
-		}
-		c.n--
-		k++
-	}
-	c.mu.Unlock()
+	k, full := c.q.PollFull(wcs)
 	if full && k > 0 {
 		select {
 		case c.space <- struct{}{}:
@@ -115,38 +98,11 @@ func (c *cq) Poll(wcs []transport.WC) int {
 	return k
 }
 
-// Wait implements transport.CQ.
-func (c *cq) Wait(ctx context.Context) error {
-	for {
-		c.mu.Lock()
-		n, closed := c.n, c.closed
-		c.mu.Unlock()
-		if n > 0 {
-			return nil
-		}
-		if closed {
-			return transport.ErrClosed
-		}
-		select {
-		case <-c.notify:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// room is the free space in the ring.
-func (c *cq) room() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.ring) - c.n
-}
-
 // push queues WCs (the poller has checked the room; engine-made flushes may find the ring full
 // and are then dropped, as a device CQ would overrun).
 func (c *cq) push(wcs ...transport.WC) {
 	if c.add(wcs...) {
-		c.signal()
+		c.q.Wake()
 	}
 }
 
@@ -162,36 +118,13 @@ func (c *cq) pushFrom(poller *cq, wc transport.WC) {
 	}
 }
 
-// signal gives the notification token.
-func (c *cq) signal() {
-	select {
-	case c.notify <- struct{}{}:
-	default:
-	}
-}
-
 // add queues WCs and reports whether any was.
 func (c *cq) add(wcs ...transport.WC) bool {
-	if len(wcs) == 0 {
-		return false
+	k := c.q.Push(wcs...)
+	for _, wc := range wcs[k:] {
+		c.dev.log.Error("CQ overrun: completion dropped", zap.Uint64("wr_id", wc.ID))
 	}
-	added := false
-	c.mu.Lock()
-	for i := range wcs {
-		if c.n == len(c.ring) || c.closed {
-			c.dev.log.Error("CQ overrun: completion dropped", zap.Uint64("wr_id", wcs[i].ID))
-			continue
-		}
-		j := c.head + c.n
-		if j >= len(c.ring) {
-			j -= len(c.ring)
-		}
-		c.ring[j] = wcs[i]
-		c.n++
-		added = true
-	}
-	c.mu.Unlock()
-	return added
+	return k > 0
 }
 
 // pollLoop drains the device CQ into the ring: poll in batches while there are completions;
@@ -207,12 +140,12 @@ func (c *cq) pollLoop() {
 		if c.owed {
 			c.owed = false
 			if h := c.handler.Load(); h == nil || !(*h)() {
-				c.signal()
+				c.q.Wake()
 			}
 		}
 	}
 	for {
-		room := c.room()
+		room := c.q.Room()
 		if room == 0 {
 			select {
 			case <-c.space:
@@ -257,10 +190,7 @@ func (c *cq) Close() error {
 		d.mu.Unlock()
 		return fmt.Errorf("verbs: close CQ: %d QPs use it: %w", c.users, transport.ErrBusy)
 	}
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
+	if c.q.Closed() {
 		d.mu.Unlock()
 		return transport.ErrClosed
 	}
@@ -271,16 +201,8 @@ func (c *cq) Close() error {
 
 // destroy stops the poller and destroys the device CQ and its channel.
 func (c *cq) destroy() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+	if !c.q.Close() {
 		return nil
-	}
-	c.closed = true
-	c.mu.Unlock()
-	select {
-	case c.notify <- struct{}{}:
-	default:
 	}
 	close(c.stopCh)
 	wake(c.stop)

@@ -10,7 +10,9 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -297,22 +299,15 @@ func (d *Device) AllocPD() (transport.PD, error) {
 // for their flushes to be polled, then destroys connection IDs, QPs, windows, MRs, CQs and PDs
 // and releases the device context. Memory stays mapped until freed.
 func (d *Device) Close(ctx context.Context) error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	if !claimTeardown(&d.mu, &d.closed) {
 		return transport.ErrClosed
 	}
-	d.closed = true
-	d.mu.Unlock()
 
 	if d.cm != nil {
 		d.cm.close()
 	}
 	d.qpMu.RLock()
-	qps := make([]*qp, 0, len(d.qps))
-	for _, q := range d.qps {
-		qps = append(qps, q)
-	}
+	qps := slices.Collect(maps.Values(d.qps))
 	d.qpMu.RUnlock()
 	for _, q := range qps {
 		q.toErr()
@@ -326,10 +321,7 @@ func (d *Device) Close(ctx context.Context) error {
 	// Windows first: a bound type-2 window holds a reference on its QP, and rxe complains
 	// (and waits) when such a QP is destroyed.
 	d.mu.Lock()
-	mws := make([]*fastMR, 0, len(d.mws))
-	for _, m := range d.mws {
-		mws = append(mws, m)
-	}
+	mws := slices.Collect(maps.Values(d.mws))
 	d.mu.Unlock()
 	for _, m := range mws {
 		m.destroy()
@@ -342,14 +334,8 @@ func (d *Device) Close(ctx context.Context) error {
 		r.dropBacking(nil)
 		r.users = 0
 	}
-	pds := make([]*pd, 0, len(d.pds))
-	for p := range d.pds {
-		pds = append(pds, p)
-	}
-	cqs := make([]*cq, 0, len(d.cqs))
-	for c := range d.cqs {
-		cqs = append(cqs, c)
-	}
+	pds := slices.Collect(maps.Keys(d.pds))
+	cqs := slices.Collect(maps.Keys(d.cqs))
 	d.mu.Unlock()
 	for _, p := range pds {
 		p.destroyMRs()

@@ -9,6 +9,8 @@ import "C"
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 
 	"github.com/srpd/srpd/transport"
@@ -68,8 +70,8 @@ func (p *pd) AllocFastRegMR(maxPages int) (transport.MR, error) {
 	if !d.mwType2 {
 		return nil, fmt.Errorf("verbs: %s has no type-2 memory windows: %w", d.name, transport.ErrNotSupported)
 	}
-	if maxPages <= 0 || maxPages > d.attr.MaxMRPages {
-		return nil, fmt.Errorf("verbs: fast-reg MR of %d pages (max %d): %w", maxPages, d.attr.MaxMRPages, transport.ErrInvalidArgument)
+	if err := d.attr.CheckFastRegPages(maxPages); err != nil {
+		return nil, fmt.Errorf("verbs: %w", err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -119,10 +121,7 @@ func (p *pd) Close() error {
 func (p *pd) destroyMRs() {
 	d := p.dev
 	d.mu.Lock()
-	ms := make([]*mr, 0, len(p.mrs))
-	for m := range p.mrs {
-		ms = append(ms, m)
-	}
+	ms := slices.Collect(maps.Keys(p.mrs))
 	d.mu.Unlock()
 	for _, m := range ms {
 		m.dereg()
@@ -131,15 +130,9 @@ func (p *pd) destroyMRs() {
 
 // destroy deallocates p (device close).
 func (p *pd) destroy() {
-	d := p.dev
-	d.mu.Lock()
-	if p.closed {
-		d.mu.Unlock()
-		return
+	if claimTeardown(&p.dev.mu, &p.closed) {
+		C.ibv_dealloc_pd(p.ib)
 	}
-	p.closed = true
-	d.mu.Unlock()
-	C.ibv_dealloc_pd(p.ib)
 }
 
 // mr implements transport.MR for a regular MR.
@@ -170,13 +163,9 @@ func (m *mr) Query() transport.MRInfo {
 }
 
 func (m *mr) Close() error {
-	d := m.pd.dev
-	d.mu.Lock()
-	if m.closed {
-		d.mu.Unlock()
+	if isSet(&m.pd.dev.mu, &m.closed) {
 		return transport.ErrClosed
 	}
-	d.mu.Unlock()
 	return m.dereg()
 }
 
@@ -278,12 +267,9 @@ func (f *fastMR) setUnknown() {
 
 // Close implements transport.MR: deallocates the window (which also unbinds it).
 func (f *fastMR) Close() error {
-	f.mu.Lock()
-	if f.closed {
-		f.mu.Unlock()
+	if isSet(&f.mu, &f.closed) {
 		return transport.ErrClosed
 	}
-	f.mu.Unlock()
 	return f.destroy()
 }
 

@@ -93,14 +93,10 @@ func (p *pd) createQP(attr transport.QPInitAttr) (*qp, error) {
 	if !ok1 || !ok2 || sc.dev != d || rc.dev != d {
 		return nil, fmt.Errorf("verbs: create QP: %w", transport.ErrWrongDevice)
 	}
-	cp := attr.Cap
-	if cp.MaxSendWR <= 0 || cp.MaxRecvWR <= 0 || cp.MaxSendWR > d.attr.MaxQPWR || cp.MaxRecvWR > d.attr.MaxQPWR ||
-		cp.MaxSendSGE < 0 || cp.MaxRecvSGE < 0 || cp.MaxSendSGE > d.attr.MaxSGE || cp.MaxRecvSGE > d.attr.MaxSGE ||
-		cp.MaxInlineData < 0 || cp.MaxInlineData > d.attr.MaxInlineData {
-		return nil, fmt.Errorf("verbs: create QP with caps %+v (device: %d WRs, %d SGEs, %d inline): %w",
-			cp, d.attr.MaxQPWR, d.attr.MaxSGE, d.attr.MaxInlineData, transport.ErrInvalidArgument)
+	cp, err := d.attr.CheckQPCap(attr.Cap)
+	if err != nil {
+		return nil, fmt.Errorf("verbs: create QP: %w", err)
 	}
-	cp.MaxSendSGE, cp.MaxRecvSGE = max(cp.MaxSendSGE, 1), max(cp.MaxRecvSGE, 1)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed || p.closed {
@@ -370,23 +366,16 @@ func (q *qp) RecvQueueFree() int {
 
 // Close implements transport.QP.
 func (q *qp) Close() error {
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
+	if isSet(&q.mu, &q.closed) {
 		return transport.ErrClosed
 	}
-	q.mu.Unlock()
 	return q.destroy()
 }
 
 func (q *qp) destroy() error {
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
+	if !claimTeardown(&q.mu, &q.closed) {
 		return nil
 	}
-	q.closed = true
-	q.mu.Unlock()
 	d := q.dev
 	d.qpMu.Lock()
 	if d.qps[q.qpn] == q {
@@ -521,7 +510,7 @@ func (q *qp) retire(e *sqEntry, ok bool) {
 
 // softFlushLocked completes, with WR_FLUSH_ERR, the WRs the engine accepted while the QP was in
 // ERR, once everything the device holds before them has completed. q.mu held; the CQ pushes
-// happen with q.mu held (lock order q.mu → cq.mu).
+// happen with q.mu held (lock order q.mu → the CQ queue's lock).
 func (q *qp) softFlushLocked() {
 	buf := q.flushBuf[:0]
 	ns := uint64(len(q.sq))

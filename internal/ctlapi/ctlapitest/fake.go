@@ -15,6 +15,27 @@ import (
 	"github.com/srpd/srpd/internal/ctlapi"
 )
 
+// DemoConfig is a small daemon configuration (YAML) for a Fake to start from: transport lo,
+// target demo (LUN 0 of 64 MiB, an ACL for initiator ...09) and session up. It ends inside
+// session up, so that a test may append fields of it.
+const DemoConfig = `
+transports:
+  - name: lo
+    address: 127.0.0.1
+targets:
+  - name: demo
+    port_id: 00000000000000010000000000000001
+    luns:
+      - {id: 0, backend: ram, size: 64MiB}
+    acls:
+      - initiator: 00000000000000000000000000000009
+        luns: [0]
+sessions:
+  - name: up
+    address: 127.0.0.1
+    target_port_id: 00000000000000010000000000000001
+`
+
 // Fake is an in-memory Service. Its exported fields may be set before use; use the methods
 // after.
 type Fake struct {

@@ -75,6 +75,18 @@ func (m *Manager) lookup(local, remote uint32) *conn {
 	return c
 }
 
+// rejectStale answers a REQ or REP (msg; msgRejected says which) whose sender reuses a QPN that
+// the connection stale still holds: a REJ with reason STALE_CONN, and if stale is established,
+// its QP to error and a DREQ (cm.c cm_req_handler and cm_rep_handler, both on a remote QPN
+// already in the table).
+func (m *Manager) rejectStale(now time.Duration, stale *conn, src, dst netip.Addr, msg []byte, msgRejected uint8, out *Outputs) {
+	issueREJ(src, dst, msg, transport.RejectStaleConn, msgRejected, out)
+	if stale.state == StateEstablished {
+		m.qpError(stale, out)
+		m.sendDREQ(now, stale, nil, out)
+	}
+}
+
 // handleREQ is cm.c cm_req_handler + cm_match_req, followed by the RDMA CM checks of
 // cma_ib_req_handler.
 func (m *Manager) handleREQ(now time.Duration, src, dst netip.Addr, r REQ, out *Outputs) {
@@ -86,11 +98,7 @@ func (m *Manager) handleREQ(now time.Duration, src, dst netip.Addr, r REQ, out *
 	}
 	// Stale connection: the peer reuses a QPN we still know (connected or in timewait).
 	if c := m.byRemoteQPN[remoteKey{guid, r.LocalQPN()}]; c != nil {
-		issueREJ(src, dst, r, transport.RejectStaleConn, MsgResponseREQ, out)
-		if c.state == StateEstablished {
-			m.qpError(c, out)
-			m.sendDREQ(now, c, nil, out)
-		}
+		m.rejectStale(now, c, src, dst, r, MsgResponseREQ, out)
 		return
 	}
 	// Find the listener: service ID in the TCP port space, then the RDMA CM header address.
@@ -217,13 +225,8 @@ func (m *Manager) handleREP(now time.Duration, src, dst netip.Addr, r REP, out *
 		return // duplicate (CA GUID, comm ID): dropped
 	}
 	if old := m.byRemoteQPN[remoteKey{guid, r.LocalQPN()}]; old != nil {
-		// Stale connection: REJ the REP, DREQ the old connection; this one stays in
-		// REQ_SENT (cm_rep_handler "goto error").
-		issueREJ(src, dst, r, transport.RejectStaleConn, MsgResponseREP, out)
-		if old.state == StateEstablished {
-			m.qpError(old, out)
-			m.sendDREQ(now, old, nil, out)
-		}
+		// Stale connection: this one stays in REQ_SENT (cm_rep_handler "goto error").
+		m.rejectStale(now, old, src, dst, r, MsgResponseREP, out)
 		return
 	}
 	m.stopPending(c, out)

@@ -192,6 +192,18 @@ func (s *simnet) send(from, to netip.Addr, mad *[MADLen]byte) {
 	}
 }
 
+// keepLast makes s keep a copy of the last MAD of attribute attr it carries (it drops none).
+func (s *simnet) keepLast(attr uint16) *[MADLen]byte {
+	var mad [MADLen]byte
+	s.drop = func(p *packet) bool {
+		if be16(p.mad[16:]) == attr {
+			mad = p.mad
+		}
+		return false
+	}
+	return &mad
+}
+
 // next returns the time of the next packet arrival or timer, or false when idle.
 func (s *simnet) next() (time.Duration, bool) {
 	var t time.Duration

@@ -1,6 +1,7 @@
 package cm
 
 import (
+	"cmp"
 	crand "crypto/rand"
 	"math/rand/v2"
 	"net/netip"
@@ -108,31 +109,15 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.HiTID == 0 {
-		c.HiTID = 1
-	}
-	if c.AckDelay == 0 {
-		c.AckDelay = DefaultAckDelay
-	}
-	if c.PacketLifeTime == 0 {
-		c.PacketLifeTime = DefaultPacketLifeTime
-	}
-	if c.CMResponseTimeout == 0 {
-		c.CMResponseTimeout = DefaultCMResponseTimeout
-	}
-	if c.MaxCMRetries == 0 {
-		c.MaxCMRetries = DefaultMaxCMRetries
-	}
+	c.HiTID = cmp.Or(c.HiTID, 1)
+	c.AckDelay = cmp.Or(c.AckDelay, DefaultAckDelay)
+	c.PacketLifeTime = cmp.Or(c.PacketLifeTime, DefaultPacketLifeTime)
+	c.CMResponseTimeout = cmp.Or(c.CMResponseTimeout, DefaultCMResponseTimeout)
+	c.MaxCMRetries = cmp.Or(c.MaxCMRetries, DefaultMaxCMRetries)
 	c.MaxCMRetries = min(c.MaxCMRetries, 15)
-	if c.MRAServiceTimeout == 0 {
-		c.MRAServiceTimeout = DefaultMRAServiceTimeout
-	}
-	if c.DecisionTimeout == 0 {
-		c.DecisionTimeout = TimeoutDuration(c.MRAServiceTimeout)
-	}
-	if c.HopLimit == 0 {
-		c.HopLimit = DefaultHopLimit
-	}
+	c.MRAServiceTimeout = cmp.Or(c.MRAServiceTimeout, DefaultMRAServiceTimeout)
+	c.DecisionTimeout = cmp.Or(c.DecisionTimeout, TimeoutDuration(c.MRAServiceTimeout))
+	c.HopLimit = cmp.Or(c.HopLimit, DefaultHopLimit)
 	if c.MaxConns <= 0 {
 		c.MaxConns = DefaultMaxConns
 	}

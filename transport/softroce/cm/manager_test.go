@@ -497,13 +497,7 @@ func TestExplicitMRAAndDecisionTimeout(t *testing.T) {
 // does a REQ from a new comm ID reusing a (CA GUID, QPN) still held.
 func TestStaleREQInTimewait(t *testing.T) {
 	s, a, b := pair(t)
-	var reqMAD [MADLen]byte
-	s.drop = func(p *packet) bool {
-		if be16(p.mad[16:]) == AttrREQ {
-			reqMAD = p.mad
-		}
-		return false
-	}
+	reqMAD := s.keepLast(AttrREQ)
 	b.ulp = acceptAll(0x11, nil, transport.ConnParam{})
 	ida := a.dial(b, port, 0x11, nil, srpParam)
 	s.runFor(time.Second)
@@ -760,13 +754,7 @@ func TestSIDRAndLAP(t *testing.T) {
 
 func TestDuplicateREPResendsRTU(t *testing.T) {
 	s, a, b := pair(t)
-	var rep [MADLen]byte
-	s.drop = func(p *packet) bool {
-		if be16(p.mad[16:]) == AttrREP {
-			rep = p.mad
-		}
-		return false
-	}
+	rep := s.keepLast(AttrREP)
 	b.ulp = acceptAll(0x11, nil, transport.ConnParam{})
 	a.dial(b, port, 0x11, nil, srpParam)
 	s.runFor(time.Second)

@@ -19,35 +19,6 @@ import (
 	"github.com/srpd/srpd/transport/softroce/wire"
 )
 
-// UDPOptions configures ListenUDP. The zero value is the default.
-type UDPOptions struct {
-	// BatchSize is the number of datagrams per recvmmsg/sendmmsg (default 32, max 1024).
-	BatchSize int
-	// TTL is the IPv4 TTL / IPv6 hop limit of sent packets (default 64, what rxe uses with the
-	// default ip_default_ttl). It is masked out of the ICRC.
-	TTL int
-	// SocketBuffer is the SO_RCVBUF/SO_SNDBUF size in bytes (default 4 MiB; SO_*BUFFORCE is
-	// tried first so that root is not limited by net.core.[rw]mem_max).
-	SocketBuffer int
-	// GRO enables UDP_GRO where the kernel has it (Linux >= 5.0): the kernel may hand over
-	// several same-flow, same-size datagrams coalesced in one buffer, which Recv splits by the
-	// gso_size it reports. Every segment is checked on its own: each carried its own IPv4
-	// Identification, which the coalesced header no longer shows, and which ID recovery finds.
-	// With GRO the link receives into its own 64 KiB buffers and copies each packet out (one
-	// copy); without it, recvmmsg writes straight into the caller's buffers.
-	GRO bool
-	// GSO sends runs of consecutive packets to the same loopback destination as one UDP GSO
-	// super-packet (UDP_SEGMENT, Linux >= 4.18): one trip through the stack instead of one per
-	// packet. Only for loopback destinations (127.0.0.0/8, ::1), whose receivers are processes
-	// on this host: on lo the super-packet reaches a UDP_GRO socket whole (Recv splits it) and
-	// is segmented in software for any other socket. Each segment is an ordinary RoCEv2
-	// packet with its own ICRC computed for IPv4 Identification 0; software segmentation may
-	// number the segments' IDs, which the ICRC covers, so a receiver must recover the ID as
-	// this link does (rxe on lo does not exist). A capture on lo shows the unsegmented
-	// super-packets, so leave GSO off where tshark is to read lo.
-	GSO bool
-}
-
 // UDP is a Link over a UDP socket (RoCEv2 on the host's IP stack). See ListenUDP.
 //
 // What goes on the wire. Packets are sent with sendmmsg from an unconnected socket with
@@ -516,39 +487,43 @@ func zoneIndex(zone string) uint32 {
 // sendmmsg runs under RawConn.Write: false means "wait until writable".
 func (u *UDP) sendmmsg(fd uintptr) bool {
 	for u.txOff < u.txN {
-		r, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&u.tx.msgs[u.txOff])),
-			uintptr(u.txN-u.txOff), unix.MSG_DONTWAIT, 0, 0)
+		r, e := mmsg(unix.SYS_SENDMMSG, fd, u.tx.msgs[u.txOff:u.txN])
 		switch {
-		case e == unix.EINTR:
-			continue
 		case e == unix.EAGAIN:
 			return false
 		case e != 0:
 			u.txErr = os.NewSyscallError("sendmmsg", e)
 			return true
 		}
-		u.txOff += int(r)
+		u.txOff += r
 	}
 	return true
 }
 
 // recvmmsg runs under RawConn.Read: false means "wait until readable".
 func (u *UDP) recvmmsg(fd uintptr) bool {
-	for {
-		r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&u.rx.msgs[0])),
-			uintptr(u.rxN), unix.MSG_DONTWAIT, 0, 0)
-		switch {
-		case e == unix.EINTR:
-			continue
-		case e == unix.EAGAIN:
-			return false
-		case e != 0:
-			u.rxErr = os.NewSyscallError("recvmmsg", e)
-			u.rxN = 0
-			return true
-		}
-		u.rxN = int(r)
+	r, e := mmsg(unix.SYS_RECVMMSG, fd, u.rx.msgs[:u.rxN])
+	switch {
+	case e == unix.EAGAIN:
+		return false
+	case e != 0:
+		u.rxErr = os.NewSyscallError("recvmmsg", e)
+		u.rxN = 0
 		return true
+	}
+	u.rxN = r
+	return true
+}
+
+// mmsg makes the sendmmsg or recvmmsg call trap on msgs (not empty) with MSG_DONTWAIT, again
+// while a signal interrupts it, and returns how many messages it moved.
+func mmsg(trap, fd uintptr, msgs []unix.Mmsghdr) (int, unix.Errno) {
+	for {
+		r, _, e := unix.RawSyscall6(trap, fd, uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)),
+			unix.MSG_DONTWAIT, 0, 0)
+		if e != unix.EINTR {
+			return int(r), e
+		}
 	}
 }
 

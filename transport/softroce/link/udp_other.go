@@ -8,15 +8,6 @@ import (
 	"net/netip"
 )
 
-// UDPOptions configures ListenUDP (Linux only).
-type UDPOptions struct {
-	BatchSize    int
-	TTL          int
-	SocketBuffer int
-	GRO          bool
-	GSO          bool
-}
-
 // UDP is the UDP link; it is implemented on Linux only.
 type UDP struct{ Link }
 

@@ -131,3 +131,21 @@ func ParseMAD(b []byte) (MAD, error) {
 	}
 	return MAD(b), nil
 }
+
+// LayoutMAD lays out in buf (capacity at least PacketLen(UDSendOnly, MADLen)) the packet that
+// carries mad from one port's QP1 to another's, as rxe's QP1 sends it: a UD SEND_ONLY with the
+// default P_Key, ACK requested, PSN psn, the GSI Q_Key and source QP1, and mad (MADLen bytes)
+// as its payload. The caller sets nothing else; the ICRC is the link's.
+func LayoutMAD(buf []byte, psn PSN, mad []byte) (Packet, error) {
+	p, err := Layout(buf, UDSendOnly, MADLen)
+	if err != nil {
+		return p, err
+	}
+	b := p.BTH() // Layout wrote the opcode and P_Key
+	b.SetDestQP(QPGSI)
+	b.SetAckReq(true)
+	b.SetPSN(psn)
+	p.DETH().Encode(&DETHFields{QKey: GSIQKey, SrcQP: QPGSI})
+	copy(p.Payload(), mad)
+	return p, nil
+}

@@ -34,7 +34,10 @@ import (
 	"github.com/srpd/srpd/internal/ctlapi"
 	"github.com/srpd/srpd/internal/logging"
 	"github.com/srpd/srpd/internal/sdnotify"
+	"github.com/srpd/srpd/internal/stack"
 	"github.com/srpd/srpd/target"
+	"github.com/srpd/srpd/transport"
+	"github.com/srpd/srpd/transport/verbs"
 )
 
 // DefaultDrainTimeout bounds a shutdown (and each stop during a reload).
@@ -80,7 +83,7 @@ type Daemon struct {
 
 	mu         sync.RWMutex
 	cfg        *config.Config
-	transports map[string]*transportRT
+	transports map[string]*stack.Transport
 	targets    map[string]*targetRT
 	conns      map[string]*connRT
 	failed     map[string]string // "transport/x", "target/x": why it is not running
@@ -92,6 +95,9 @@ type Daemon struct {
 
 	reloads, reloadFailures, mutations atomic.Uint64
 	sessionSeq                         atomic.Uint64 // session numbers of the API (targetRT.ids)
+
+	// openVerbs opens kernel verbs devices (nil: the engine's); tests stand in for it.
+	openVerbs func(name string, cfg verbs.Config) (transport.Device, error)
 }
 
 // New returns a daemon that runs nothing yet.
@@ -110,8 +116,8 @@ func New(opts Options) *Daemon {
 		}
 	}
 	return &Daemon{opts: opts, log: log, version: v, cfg: emptyConfig(),
-		transports: map[string]*transportRT{}, targets: map[string]*targetRT{}, conns: map[string]*connRT{},
-		failed: map[string]string{}, budget: target.NewBudget(budgetConfig(&config.GlobalLimits{}))}
+		transports: map[string]*stack.Transport{}, targets: map[string]*targetRT{}, conns: map[string]*connRT{},
+		failed: map[string]string{}, budget: target.NewBudget(stack.BudgetConfig(&config.GlobalLimits{}))}
 }
 
 func emptyConfig() *config.Config {
@@ -318,7 +324,7 @@ func (d *Daemon) makePlan(old, new *config.Config) *plan {
 // caller decides whether to keep new (reload) or go back to old (API mutations).
 func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 	p := d.makePlan(old, new)
-	d.budget.SetConfig(budgetConfig(&new.Limits))
+	d.budget.SetConfig(stack.BudgetConfig(&new.Limits))
 	var errs []error
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opts.drainTimeout())
 	defer cancel()
@@ -366,7 +372,7 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 		delete(d.failed, "transport/"+n)
 		d.mu.Unlock()
 		if t != nil {
-			t.close(stopCtx)
+			t.Close(stopCtx)
 		}
 	}
 
@@ -377,9 +383,10 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 		delete(d.transports, n)
 		d.mu.Unlock()
 		if t != nil { // a retry of a failed transport never had one; a changed one was closed
-			t.close(stopCtx)
+			t.Close(stopCtx)
 		}
-		tr, err := openTransport(ctx, *new.Transport(n), d.log.With(zap.String("transport", n)))
+		tr, err := stack.OpenTransport(ctx, *new.Transport(n), stack.TransportOptions{
+			Logger: d.log.With(zap.String("transport", n)), OpenVerbs: d.openVerbs})
 		d.mu.Lock()
 		if err != nil {
 			d.failed["transport/"+n] = err.Error()
@@ -589,10 +596,7 @@ func (d *Daemon) shutdownLocked(ctx context.Context) {
 	// Stop accepting logins on every target before anything drains.
 	d.mu.RLock()
 	for _, t := range d.targets {
-		t.cancel()
-		for _, ln := range t.lns {
-			_ = ln.Close()
-		}
+		t.StopAccepting()
 	}
 	d.mu.RUnlock()
 	empty := emptyConfig()
@@ -603,10 +607,10 @@ func (d *Daemon) shutdownLocked(ctx context.Context) {
 	// Whatever is left (transports without targets, or objects that never started).
 	d.mu.Lock()
 	trs := d.transports
-	d.transports = map[string]*transportRT{}
+	d.transports = map[string]*stack.Transport{}
 	d.mu.Unlock()
 	for _, t := range trs {
-		t.close(ctx)
+		t.Close(ctx)
 	}
 	if ms != nil {
 		ms.close(ctx)

@@ -27,7 +27,7 @@ func (d *Daemon) Status(context.Context) (*ctlapi.Status, error) {
 		Transports: []ctlapi.TransportInfo{}}
 	for _, t := range d.cfg.Transports {
 		if rt := d.transports[t.Name]; rt != nil {
-			st.Transports = append(st.Transports, rt.info())
+			st.Transports = append(st.Transports, transportInfo(rt))
 			continue
 		}
 		st.Transports = append(st.Transports, ctlapi.TransportInfo{Name: t.Name, Driver: t.Driver, State: ctlapi.StateError,

@@ -79,8 +79,10 @@ clean:
 	$(GO) clean -testcache
 
 # Interop with the Linux kernel (Debian 6.1 under QEMU, rdma_rxe; see $(INTEROP)/README.md):
-# its ib_srp initiator logs in to cmd/srptarget and runs checksummed I/O, then cmd/srpinitiator
-# logs in to its ib_srpt; both captures must decode in tshark with no malformed packet.
+# its ib_srp initiator logs in to srpd (the daemon, as the target) and runs checksummed I/O, then
+# srpd (as the initiator, its NBD export driven by interop/cmd/nbdcheck) logs in to its ib_srpt;
+# srpd runs from a configuration scripts/interop-srpd.sh generates; both captures must decode in
+# tshark with no malformed packet.
 # Needs root; .ci/run runs it after `make test`. Extra settings go through the environment
 # (SRP_INTEROP_FIO=1, SRP_INTEROP_GUEST_CPUS=2 SRP_INTEROP_LOGIN_OPTS=ch_count=2, ...).
 INTEROP ?= ../shared/interop

@@ -224,7 +224,7 @@ func (d *Daemon) StatusLine() string {
 	}
 	sessions := 0
 	for _, t := range d.targets {
-		sessions += int(t.tgt.Stats().Sessions)
+		sessions += int(t.Port.Stats().Sessions)
 	}
 	line := fmt.Sprintf("%d target(s), %d initiator session(s) logged in; %d/%d connection(s) up", len(d.targets), sessions, up, len(d.conns))
 	if n := len(d.failed); n > 0 {

@@ -97,7 +97,7 @@ func (d *Daemon) collect() *expo {
 
 	for _, name := range sortedKeys(d.targets) {
 		t := d.targets[name]
-		st := t.tgt.Stats()
+		st := t.Port.Stats()
 		l := []string{"target", name}
 		e.gauge("srpd_target_sessions", "Initiators logged in (I_T nexuses).", float64(st.Sessions), l...)
 		e.gauge("srpd_target_channels", "Live RDMA channels.", float64(st.Channels), l...)
@@ -119,7 +119,7 @@ func (d *Daemon) collect() *expo {
 		e.gauge("srpd_target_mrs", "Registered memory regions held by the channels.", float64(st.MRs), l...)
 		e.gauge("srpd_target_registered_memory_bytes", "Memory registered by the channels.", float64(st.MemoryBytes), l...)
 		var granted, reqLim, pending int64
-		for _, ss := range t.tgt.Sessions() {
+		for _, ss := range t.Port.Sessions() {
 			for _, c := range ss.Channels {
 				granted += int64(c.QueueDepth)
 				reqLim += c.ReqLim

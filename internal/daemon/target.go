@@ -16,7 +16,6 @@ import (
 	"github.com/srpd/srpd/internal/stack"
 	"github.com/srpd/srpd/scsi/backend"
 	"github.com/srpd/srpd/srp"
-	"github.com/srpd/srpd/target"
 )
 
 // ---------------------------------------------------------------------------------------------
@@ -105,10 +104,8 @@ func (l *lunRT) close(log *zap.Logger) {
 // daemon's session numbers, and the LUNs with their I/O times.
 type targetRT struct {
 	*stack.Target
-	cfg  config.Target
 	log  *zap.Logger
 	luns map[int]*lunRT
-	tgt  *target.Target
 
 	mu  sync.Mutex
 	ids map[uint64]uint64 // the target's session number → the daemon's (unique across restarts)
@@ -147,7 +144,7 @@ func (d *Daemon) startTarget(cfg config.Target, tr *stack.Transport, keep map[in
 	if err != nil {
 		return nil, err
 	}
-	return &targetRT{Target: st, cfg: cfg, log: log, luns: luns, tgt: st.Port, ids: map[uint64]uint64{}, seq: &d.sessionSeq}, nil
+	return &targetRT{Target: st, log: log, luns: luns, ids: map[uint64]uint64{}, seq: &d.sessionSeq}, nil
 }
 
 // stop drains the target (stack.Target.Stop): LUNs in keep stay open, the others are closed.
@@ -170,7 +167,7 @@ func (t *targetRT) numberLocked(id uint64) uint64 {
 }
 
 func (t *targetRT) sessionInfos() []ctlapi.SessionInfo {
-	stats := t.tgt.Sessions()
+	stats := t.Port.Sessions()
 	sort.Slice(stats, func(i, j int) bool { return stats[i].ID < stats[j].ID })
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -186,7 +183,7 @@ func (t *targetRT) sessionInfos() []ctlapi.SessionInfo {
 	out := make([]ctlapi.SessionInfo, 0, len(stats))
 	for _, ss := range stats {
 		si := ctlapi.SessionInfo{
-			ID: sessionID(t.cfg.Name, t.numberLocked(ss.ID)), Target: t.cfg.Name, Initiator: config.PortID(ss.Initiator),
+			ID: sessionID(t.Config.Name, t.numberLocked(ss.ID)), Target: t.Config.Name, Initiator: config.PortID(ss.Initiator),
 			Channels: len(ss.Channels), State: ctlapi.StateLoggedIn,
 			Stats: ctlapi.IOStats{Commands: ss.Commands, ReadBytes: ss.BytesIn, WriteBytes: ss.BytesOut,
 				Errors: ss.Errors, TaskMgmt: ss.TaskMgmt},
@@ -204,9 +201,9 @@ func (t *targetRT) sessionInfos() []ctlapi.SessionInfo {
 				si.LoginAt = r.At
 			}
 		}
-		if a := t.cfg.Admit(config.PortID(ss.Initiator)); a != nil {
+		if a := t.Config.Admit(config.PortID(ss.Initiator)); a != nil {
 			si.ReadOnly = a.ReadOnly
-			for _, l := range t.cfg.LUNs {
+			for _, l := range t.Config.LUNs {
 				if a.Visible(l.ID) {
 					si.LUNs = append(si.LUNs, l.ID)
 				}
@@ -222,7 +219,7 @@ func (t *targetRT) sessionInfos() []ctlapi.SessionInfo {
 func (t *targetRT) kill(ctx context.Context, n uint64) (bool, error) {
 	var ini srp.PortID
 	found := false
-	stats := t.tgt.Sessions()
+	stats := t.Port.Sessions()
 	t.mu.Lock()
 	for _, ss := range stats {
 		if t.numberLocked(ss.ID) == n {
@@ -235,7 +232,7 @@ func (t *targetRT) kill(ctx context.Context, n uint64) (bool, error) {
 		return false, nil
 	}
 	if len(recs) == 0 {
-		return true, fmt.Errorf("session %s has no established channel to close yet: %w", sessionID(t.cfg.Name, n), ctlapi.ErrConflict)
+		return true, fmt.Errorf("session %s has no established channel to close yet: %w", sessionID(t.Config.Name, n), ctlapi.ErrConflict)
 	}
 	errs := make(chan error, len(recs))
 	for _, r := range recs {
@@ -245,20 +242,20 @@ func (t *targetRT) kill(ctx context.Context, n uint64) (bool, error) {
 	for range recs {
 		err = errors.Join(err, <-errs)
 	}
-	t.log.Info("session killed", zap.Stringer("initiator", ini), zap.String("session", sessionID(t.cfg.Name, n)), zap.Int("channels", len(recs)))
+	t.log.Info("session killed", zap.Stringer("initiator", ini), zap.String("session", sessionID(t.Config.Name, n)), zap.Int("channels", len(recs)))
 	return true, err
 }
 
 func (t *targetRT) info() ctlapi.TargetInfo {
-	info := ctlapi.TargetInfo{Name: t.cfg.Name, Transport: t.cfg.Transport, PortID: t.cfg.PortID, Listen: t.Listen,
-		State: ctlapi.StateListening, Limits: t.cfg.Limits, LUNs: t.lunInfos(), ACLs: t.aclInfos(),
-		Sessions: int(t.tgt.Stats().Sessions)}
+	info := ctlapi.TargetInfo{Name: t.Config.Name, Transport: t.Config.Transport, PortID: t.Config.PortID, Listen: t.Listen,
+		State: ctlapi.StateListening, Limits: t.Config.Limits, LUNs: t.lunInfos(), ACLs: t.aclInfos(),
+		Sessions: int(t.Port.Stats().Sessions)}
 	return info
 }
 
 func (t *targetRT) lunInfos() []ctlapi.LUNInfo {
 	out := []ctlapi.LUNInfo{}
-	for _, l := range t.cfg.LUNs {
+	for _, l := range t.Config.LUNs {
 		li := ctlapi.LUNInfo{LUN: l, State: ctlapi.StateUp}
 		if lr := t.luns[l.ID]; lr != nil {
 			li.Capacity = lr.Capacity
@@ -269,12 +266,12 @@ func (t *targetRT) lunInfos() []ctlapi.LUNInfo {
 }
 
 func (t *targetRT) aclInfos() []ctlapi.ACLInfo {
-	stats := t.tgt.Sessions()
+	stats := t.Port.Sessions()
 	out := []ctlapi.ACLInfo{}
-	for _, a := range t.cfg.ACLs {
+	for _, a := range t.Config.ACLs {
 		ai := ctlapi.ACLInfo{ACL: a}
 		for _, ss := range stats {
-			if adm := t.cfg.Admit(config.PortID(ss.Initiator)); adm != nil && adm.Initiator == a.Initiator {
+			if adm := t.Config.Admit(config.PortID(ss.Initiator)); adm != nil && adm.Initiator == a.Initiator {
 				ai.Sessions++
 			}
 		}

@@ -97,7 +97,7 @@ func TestVerbsTransportInDaemon(t *testing.T) {
 		t.Errorf("info = %+v", info)
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for tgt.tgt.Stats().Sessions != 1 {
+	for tgt.Port.Stats().Sessions != 1 {
 		if time.Now().After(deadline) {
 			t.Fatalf("no session on the verbs transport's target: %s", d.StatusLine())
 		}

@@ -1,7 +1,8 @@
-// Package daemon is srpd proper: it turns a configuration (internal/config) into running
-// softroce devices, SRP targets with their LUNs and ACLs, and initiator sessions with their NBD
-// exports; serves the control API (internal/ctlapi) on a unix socket and Prometheus metrics;
-// applies only the difference on a reload or an API change; and drains on shutdown.
+// Package daemon is srpd proper: it keeps a configuration (internal/config) running — RDMA
+// devices, SRP targets with their LUNs and ACLs, and initiator sessions with their NBD exports,
+// each built by internal/stack — serves the control API (internal/ctlapi) on a unix socket and
+// Prometheus metrics; applies only the difference on a reload or an API change (keeping LUNs
+// open across a target restart, reconnecting lost sessions); and drains on shutdown.
 //
 // Life cycle (cmd/srpd drives it):
 //

@@ -95,8 +95,8 @@ interop:
 # kernel rxe under QEMU (interop/srp-verbs; root): the transport conformance suite and the
 # engine's tests in a guest, the kernel's ib_srp against srpd (driver verbs) in a guest, and
 # srpd (driver verbs) in a guest logging in to srpd (softroce) on the host side
-# (`srp-verbs test`; `srp-verbs all` adds the standalone-command modes). Not part of `make test`.
+# (`srp-verbs test`; `srp-verbs all` adds the verbs-srptarget/verbs-srpinitiator modes). Not part of `make test`.
 .PHONY: test-verbs
 test-verbs:
-	CGO_ENABLED=1 $(GO) vet -tags verbs ./transport/verbs/ ./interop/... ./internal/daemon/ ./cmd/srpd/ ./cmd/srpctl/
+	CGO_ENABLED=1 $(GO) vet -tags verbs ./transport/verbs/ ./interop/... ./internal/stack/ ./internal/daemon/ ./cmd/srpd/ ./cmd/srpctl/
 	INTEROP=$(INTEROP) GO=$(GO) ./interop/srp-verbs test

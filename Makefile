@@ -91,8 +91,10 @@ clean:
 	$(GO) clean -testcache
 
 # Interop with the Linux kernel (Debian 6.1 under QEMU, rdma_rxe; see $(INTEROP)/README.md):
-# its ib_srp initiator logs in to cmd/srptarget and runs checksummed I/O, then cmd/srpinitiator
-# logs in to its ib_srpt; both captures must decode in tshark with no malformed packet.
+# its ib_srp initiator logs in to srpd (the daemon, as the target) and runs checksummed I/O, then
+# srpd (as the initiator, its NBD export driven by interop/cmd/nbdcheck) logs in to its ib_srpt;
+# srpd runs from a configuration scripts/interop-srpd.sh generates; both captures must decode in
+# tshark with no malformed packet.
 # Needs root; .ci/run runs it after `make test`. Extra settings go through the environment
 # (SRP_INTEROP_FIO=1, SRP_INTEROP_GUEST_CPUS=2 SRP_INTEROP_LOGIN_OPTS=ch_count=2, ...).
 INTEROP ?= ../shared/interop
@@ -105,8 +107,8 @@ interop:
 # kernel rxe under QEMU (interop/srp-verbs; root): the transport conformance suite and the
 # engine's tests in a guest, the kernel's ib_srp against srpd (driver verbs) in a guest, and
 # srpd (driver verbs) in a guest logging in to srpd (softroce) on the host side
-# (`srp-verbs test`; `srp-verbs all` adds the standalone-command modes). Not part of `make test`.
+# (`srp-verbs test`; `srp-verbs all` adds the verbs-srptarget/verbs-srpinitiator modes). Not part of `make test`.
 .PHONY: test-verbs
 test-verbs:
-	CGO_ENABLED=1 $(GO) vet -tags verbs ./transport/verbs/ ./interop/... ./internal/daemon/ ./cmd/srpd/ ./cmd/srpctl/
+	CGO_ENABLED=1 $(GO) vet -tags verbs ./transport/verbs/ ./interop/... ./internal/stack/ ./internal/daemon/ ./cmd/srpd/ ./cmd/srpctl/
 	INTEROP=$(INTEROP) GO=$(GO) ./interop/srp-verbs test

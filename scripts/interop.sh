@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Interop with the Linux kernel (Debian's 6.1 under QEMU, rdma_rxe; see $INTEROP/README.md):
-#   kernel-initiator: the kernel's ib_srp logs in to cmd/srptarget and runs checksummed I/O;
-#   kernel-target:    cmd/srpinitiator logs in to the kernel's ib_srpt (LIO) and writes/reads
-#                     ranges that the kernel target hashes in its own RAM disk.
+# Interop with the Linux kernel (Debian's 6.1 under QEMU, rdma_rxe; see $INTEROP/README.md), the
+# real srpd daemon in both directions, from a configuration scripts/interop-srpd.sh generates
+# out of the harness' SRP_INTEROP_* variables:
+#   kernel-initiator: the kernel's ib_srp logs in to srpd's target (a RAM LUN) and runs
+#                     checksummed I/O;
+#   kernel-target:    srpd logs in to the kernel's ib_srpt (LIO) with a session whose LUN 0 it
+#                     exports over NBD; nbdcheck writes/reads ranges through the export, which the
+#                     kernel target hashes in its own RAM disk.
 # Each mode's RoCEv2 capture must then decode in tshark with no malformed packet.
 # Needs root. Exit status: 0 both pass; 1 a check failed; 2 the harness is missing or unusable.
 set -euo pipefail
@@ -18,9 +22,13 @@ if [ ! -x "$INTEROP/srp-interop" ]; then
 fi
 
 mkdir -p bin
-$GO build -o bin/srptarget ./cmd/srptarget
-$GO build -o bin/srpinitiator ./cmd/srpinitiator
+$GO build -o bin/srpd ./cmd/srpd
+$GO build -o bin/srpctl ./cmd/srpctl
+$GO build -o bin/nbdcheck ./interop/cmd/nbdcheck
 "$INTEROP/srp-interop" setup
+# srpd's configuration, control and NBD sockets, one folder per mode (socket paths stay short).
+WORK=$(mktemp -d /tmp/srpd-interop.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
 
 # run MODE CMD: one harness run. Exit 3 is the harness's own error (the kernel target guest did
 # not become ready, before our code ran at all): that alone is retried, once, and said so.
@@ -52,9 +60,8 @@ run() {
   fi
 }
 
-# -keepalive 200ms: idle channels are probed with zero-length RDMA WRITEs after 50 ms of
-# idleness, which the guest's rxe must acknowledge (else the channel is torn down and the I/O
-# fails); the capture then has them for tshark too.
-run kernel-initiator ./bin/srptarget -keepalive 200ms
-run kernel-target ./bin/srpinitiator
+# The target's keepalive_interval is 200ms (see scripts/interop-srpd.sh), so the capture has
+# keep-alive probes the guest's rxe acknowledges.
+run kernel-initiator scripts/interop-srpd.sh target "$WORK/target"
+run kernel-target scripts/interop-srpd.sh initiator "$WORK/initiator"
 echo "interop: PASS (both directions)"

@@ -7,18 +7,12 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/netip"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
-	"github.com/srpd/srpd/initiator"
-	"github.com/srpd/srpd/scsi"
-	"github.com/srpd/srpd/scsi/backend"
-	"github.com/srpd/srpd/srp"
-	"github.com/srpd/srpd/target"
-	"github.com/srpd/srpd/transport/softroce"
-	"github.com/srpd/srpd/transport/softroce/link"
+	"github.com/srpd/srpd/internal/config"
+	"github.com/srpd/srpd/internal/stack"
 )
 
 // `srpd demo` is a self-checking smoke test that needs no configuration file: an SRP target
@@ -41,89 +35,65 @@ type demoConfig struct {
 
 const demoCMPort = 5555
 
-func openDevice(ctx context.Context, name string, addr netip.Addr, log *zap.Logger) (*softroce.Device, netip.AddrPort, error) {
-	lnk, err := link.ListenUDP(ctx, netip.AddrPortFrom(addr, 0), link.UDPOptions{GRO: true, GSO: true})
-	if err != nil {
-		return nil, netip.AddrPort{}, err
+// demoPortIDHalf is both halves of the demo target's port ID: "SRPD" and 1.
+const demoPortIDHalf = 0x5352504400000001
+
+// demoTarget is the demo's target: one RAM LUN for any initiator.
+func demoTarget(lunSize int64) config.Target {
+	return config.Target{
+		Name: "demo", PortID: config.MakePortID(demoPortIDHalf, demoPortIDHalf), CMPort: demoCMPort,
+		LUNs: []config.LUN{{ID: 0, Backend: config.BackendRAM, Size: config.Size(lunSize), BlockSize: 512, Serial: "srpd-demo-0"}},
+		ACLs: []config.ACL{{Initiator: config.AnyInitiator}},
 	}
-	dev, err := softroce.Open(softroce.Config{Name: name, Link: lnk, Logger: log})
-	if err != nil {
-		_ = lnk.Close()
-		return nil, netip.AddrPort{}, err
-	}
-	return dev, lnk.LocalAddrPort(), nil
 }
 
-func closeDevice(dev *softroce.Device) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = dev.Close(ctx)
+// demoTransport is a softroce transport on addr with an ephemeral UDP port.
+func demoTransport(name string, addr netip.Addr) config.Transport {
+	return config.Transport{Name: name, Driver: config.DriverSoftRoCE, Address: addr.String()}
 }
 
 func runDemo(ctx context.Context, out io.Writer, cfg demoConfig) (err error) {
 	const bs = 512
-	portID := srp.MakePortID(0x5352504400000001, 0x5352504400000001)
+	bg := context.Background()
 
 	// Target side.
-	ram, err := backend.NewRAM(cfg.lunSize, false)
-	if err != nil {
-		return err
-	}
-	lun, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: bs, Product: "srpd demo RAM", Serial: "srpd-demo-0"}, ram)
-	if err != nil {
-		return err
-	}
-	defer lun.Close()
-	tgt, err := target.New(target.Config{
-		Name: "demo", PortID: portID, Logger: cfg.log.Named("target"),
-		DefaultACL: &target.ACL{Name: "any", LUNs: []target.LUNMapping{{Number: 0, LUN: lun}}},
-	})
-	if err != nil {
-		return err
-	}
-	tdev, taddr, err := openDevice(ctx, "demo-target", cfg.addr, cfg.log.Named("softroce-target"))
+	ttr, err := stack.OpenTransport(ctx, demoTransport("demo-target", cfg.addr), stack.TransportOptions{Logger: cfg.log.Named("target")})
 	if err != nil {
 		return fmt.Errorf("target device: %w", err)
 	}
-	defer closeDevice(tdev)
-	ln, err := tdev.Listen(taddr.Addr(), demoCMPort)
+	defer ttr.Close(bg)
+	tcfg := demoTarget(cfg.lunSize)
+	lun, err := stack.OpenLUN(&tcfg, tcfg.LUNs[0], stack.LUNOptions{})
 	if err != nil {
 		return err
 	}
-	defer ln.Close()
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		_ = tgt.Serve(context.Background(), ln, tdev) // ended by tgt.Close
-	}()
+	tgt, err := stack.StartTarget(tcfg, ttr, map[int]*stack.LUN{0: lun}, stack.TargetOptions{Logger: cfg.log.Named("target")})
+	if err != nil {
+		_ = lun.Close()
+		return err
+	}
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		cctx, cancel := context.WithTimeout(bg, 5*time.Second)
 		defer cancel()
-		_ = tgt.Close(cctx)
-		wg.Wait()
+		tgt.Stop(cctx, nil)
 	}()
 
 	// Initiator side. Both devices use ephemeral UDP ports on one address, so the initiator's
 	// device is told where the target's RoCEv2 socket is (a softroce extension; the kernel
 	// always uses 4791).
-	idev, iaddr, err := openDevice(ctx, "demo-initiator", cfg.addr, cfg.log.Named("softroce-initiator"))
+	itr, err := stack.OpenTransport(ctx, demoTransport("demo-initiator", cfg.addr), stack.TransportOptions{Logger: cfg.log.Named("initiator")})
 	if err != nil {
 		return fmt.Errorf("initiator device: %w", err)
 	}
-	defer closeDevice(idev)
-	idev.SetPeerUDPPort(taddr.Addr(), taddr.Port())
-	remote := netip.AddrPortFrom(taddr.Addr(), demoCMPort)
-	sess, err := initiator.Dial(ctx, initiator.Config{
-		Name: "demo", Device: idev, Dialer: &initiator.CMDialer{CM: idev, Remote: remote},
-		LoginForm: initiator.LoginRDMACM, TargetPortID: portID, ChCount: cfg.channels,
-		Logger: cfg.log.Named("initiator"),
-	})
+	defer itr.Close(bg)
+	sess, err := stack.Dial(ctx, config.Session{Name: "demo", Address: ttr.Bound.Addr().String(), Port: demoCMPort,
+		TargetPortID: tcfg.PortID, ChCount: cfg.channels}, itr,
+		stack.SessionOptions{Logger: cfg.log.Named("initiator"), PeerUDPPort: ttr.Bound.Port()})
 	if err != nil {
-		return fmt.Errorf("login to %v: %w", remote, err)
+		return err
 	}
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		cctx, cancel := context.WithTimeout(bg, 5*time.Second)
 		defer cancel()
 		if cerr := sess.Close(cctx); cerr != nil && err == nil {
 			err = fmt.Errorf("logout: %w", cerr)
@@ -134,7 +104,7 @@ func runDemo(ctx context.Context, out io.Writer, cfg demoConfig) (err error) {
 		return errors.New("the target reports no LUN 0")
 	}
 	info := l.Info()
-	fmt.Fprintf(out, "softroce: initiator %v -> target %v (RDMA CM port %d), %d channel(s)\n", iaddr, taddr, demoCMPort, cfg.channels)
+	fmt.Fprintf(out, "softroce: initiator %v -> target %v (RDMA CM port %d), %d channel(s)\n", itr.Bound, ttr.Bound, demoCMPort, cfg.channels)
 	fmt.Fprintf(out, "LUN 0: %s %s, %d MiB, %d-byte blocks, %s\n", info.Vendor, info.Product, l.Size()>>20, l.BlockSize(), info.IDString())
 
 	// Each worker owns a disjoint slice of the LUN so that its read-back check is exact.
@@ -192,7 +162,7 @@ func runDemo(ctx context.Context, out io.Writer, cfg demoConfig) (err error) {
 	fmt.Fprintf(out, "%d WRITE+READ pairs from %d workers, 512 B..%d KiB, every byte verified: %.1f MiB in %v (%.0f MiB/s, %.0f commands/s)\n",
 		cfg.ios, cfg.workers, maxIO>>10, float64(total)/(1<<20), el.Round(time.Millisecond),
 		float64(total)/(1<<20)/el.Seconds(), float64(2*cfg.ios)/el.Seconds())
-	st := idev.Stats()
+	st, _, _ := itr.SoftRoCEStats()
 	fmt.Fprintf(out, "initiator device: %d packets sent, %d received, %d retransmits\n", st.TxPackets, st.RxPackets, st.Retransmits)
 	return nil
 }

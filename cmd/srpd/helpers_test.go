@@ -30,10 +30,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// binaries returns the paths of srpd and srpctl, building them on first use.
+// binaries returns the paths of srpd and srpctl, building them on first use (with
+// interop/cmd/nbdcheck beside them, for TestInteropScript).
 func binaries(t *testing.T) (srpd, srpctl string) {
 	t.Helper()
-	dir := bins.Build(t, "github.com/srpd/srpd/cmd/srpd", "github.com/srpd/srpd/cmd/srpctl")
+	dir := bins.Build(t, "github.com/srpd/srpd/cmd/srpd", "github.com/srpd/srpd/cmd/srpctl", "github.com/srpd/srpd/interop/cmd/nbdcheck")
 	return filepath.Join(dir, "srpd"), filepath.Join(dir, "srpctl")
 }
 

@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
-	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -17,6 +14,7 @@ import (
 	"github.com/srpd/srpd/initiator/nbd"
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/ctlapi"
+	"github.com/srpd/srpd/internal/stack"
 	"github.com/srpd/srpd/srp"
 )
 
@@ -26,7 +24,7 @@ import (
 // failures inside a session are the initiator package's business (reconnect, fast_io_fail_tmo).
 type connRT struct {
 	cfg config.Session
-	tr  *transportRT
+	tr  *stack.Transport
 	log *zap.Logger
 
 	ctx    context.Context
@@ -47,14 +45,11 @@ type connRT struct {
 	retired     initiator.Stats // counters of sessions that ended
 }
 
-// nbdExport is one remote LUN served on its unix socket.
+// nbdExport is one remote LUN served on its unix socket (x), or why it is not (err).
 type nbdExport struct {
 	lun    int
 	socket string
-	cfg    config.NBDExport
-	srv    *nbd.Server
-	cancel context.CancelFunc
-	done   chan struct{}
+	x      *stack.Export
 	io     *ioTimes
 	err    string
 }
@@ -86,18 +81,8 @@ func (d *timedDevice) Flush(ctx context.Context) error {
 	return err
 }
 
-func timeout(t *config.Timeout, def time.Duration) time.Duration {
-	switch {
-	case t == nil:
-		return def
-	case t.Off():
-		return initiator.Off
-	}
-	return t.Duration()
-}
-
 // startConn starts keeping session cfg up.
-func (d *Daemon) startConn(cfg config.Session, tr *transportRT) *connRT {
+func (d *Daemon) startConn(cfg config.Session, tr *stack.Transport) *connRT {
 	c := &connRT{cfg: cfg, tr: tr, log: d.log.With(zap.String("connection", cfg.Name)),
 		done: make(chan struct{}), first: make(chan struct{}), nbdShutdown: d.opts.drainTimeout() / 2}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -108,7 +93,7 @@ func (d *Daemon) startConn(cfg config.Session, tr *transportRT) *connRT {
 // retryDelay is the wait before the next login attempt: reconnect_delay (10 s when off),
 // doubled per failure up to 16 times it.
 func (c *connRT) retryDelay() time.Duration {
-	d := timeout(c.cfg.ReconnectDelay, initiator.DefaultReconnectDelay)
+	d := stack.Timeout(c.cfg.ReconnectDelay, initiator.DefaultReconnectDelay)
 	if d <= 0 {
 		d = initiator.DefaultReconnectDelay
 	}
@@ -188,58 +173,9 @@ func (c *connRT) endSession(s *initiator.Session) {
 	c.mu.Unlock()
 }
 
-// remote resolves the target's address.
-func (c *connRT) remote(ctx context.Context) (netip.AddrPort, error) {
-	ip, err := netip.ParseAddr(c.cfg.Address)
-	if err != nil {
-		ips, lerr := net.DefaultResolver.LookupNetIP(ctx, "ip", c.cfg.Address)
-		if lerr != nil || len(ips) == 0 {
-			return netip.AddrPort{}, fmt.Errorf("resolve %s: %w", c.cfg.Address, lerr)
-		}
-		ip = ips[0]
-		for _, a := range ips { // same family as the transport's address, if there is one
-			if a.Unmap().Is4() == c.tr.prefers4() {
-				ip = a
-				break
-			}
-		}
-	}
-	return netip.AddrPortFrom(ip.Unmap(), uint16(c.cfg.Port)), nil
-}
-
+// dial logs in once (stack.Dial), bounded by the session's connect_timeout.
 func (c *connRT) dial() (*initiator.Session, error) {
-	s := &c.cfg
-	ct := time.Duration(s.ConnectTimeout)
-	// One channel's login is bounded by connect_timeout; the whole Dial (every channel, then
-	// LUN discovery) by a little more than twice that.
-	ctx, cancel := context.WithTimeout(c.ctx, 2*ct+5*time.Second)
-	defer cancel()
-	remote, err := c.remote(ctx)
-	if err != nil {
-		return nil, err
-	}
-	c.tr.peerPort(remote.Addr())
-	imm := s.ImmediateData == nil || *s.ImmediateData
-	cfg := initiator.Config{
-		Name: s.Name, Device: c.tr.dev, Dialer: &initiator.CMDialer{CM: c.tr.cm, Remote: remote},
-		LoginForm: initiator.LoginRDMACM, TargetPortID: s.TargetPortID.SRP(), InitiatorExt: uint64(s.InitiatorExt),
-		ChCount: s.ChCount, QueueDepth: s.QueueDepth, MaxITIULen: uint32(s.MaxITIULen), DisableImmediateData: !imm,
-		ConnectTimeout: ct,
-		ReconnectDelay: timeout(s.ReconnectDelay, initiator.DefaultReconnectDelay),
-		FastIOFailTmo:  timeout(s.FastIOFailTmo, initiator.DefaultFastIOFailTmo),
-		DevLossTmo:     timeout(s.DevLossTmo, initiator.DefaultDevLossTmo),
-		Logger:         c.log,
-	}
-	if s.Source != "" {
-		c.log.Debug("source address: softroce connects from its transport's address", zap.String("source", s.Source))
-	}
-	sess, err := initiator.Dial(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("login to %v: %w", remote, err)
-	}
-	c.log.Info("connected", zap.Stringer("remote", remote), zap.Stringer("initiator_port", sess.InitiatorPortID()),
-		zap.Int("luns", len(sess.LUNs())))
-	return sess, nil
+	return stack.Dial(c.ctx, c.cfg, c.tr, stack.SessionOptions{Logger: c.log})
 }
 
 // startExports serves the configured LUNs of sess over NBD, one server per socket. The socket
@@ -247,68 +183,19 @@ func (c *connRT) dial() (*initiator.Session, error) {
 func (c *connRT) startExports(sess *initiator.Session) {
 	var exps []*nbdExport
 	for _, e := range c.cfg.NBD {
-		x := &nbdExport{lun: e.LUN, socket: e.Socket, cfg: e, io: &ioTimes{}, done: make(chan struct{})}
+		x := &nbdExport{lun: e.LUN, socket: e.Socket, io: &ioTimes{}}
 		exps = append(exps, x)
-		if err := c.serveExport(sess, x); err != nil {
+		var err error
+		x.x, err = stack.ServeNBD(sess, e, stack.NBDOptions{Logger: c.log, Session: c.cfg.Name, ShutdownTimeout: c.nbdShutdown,
+			Wrap: func(d nbd.Device) nbd.Device { return &timedDevice{Device: d, t: x.io} }})
+		if err != nil {
 			x.err = err.Error()
-			close(x.done)
 			c.log.Error("NBD export failed", zap.Int("lun", e.LUN), zap.String("socket", e.Socket), zap.Error(err))
 		}
 	}
 	c.mu.Lock()
 	c.exports = exps
 	c.mu.Unlock()
-}
-
-func (c *connRT) serveExport(sess *initiator.Session, x *nbdExport) error {
-	l := sess.LUN(uint64(x.lun))
-	if l == nil {
-		return fmt.Errorf("the target reports no LUN %d: %w", x.lun, ctlapi.ErrNotFound)
-	}
-	ncfg := nbdConfig(x.cfg)
-	ncfg.Logger, ncfg.ShutdownTimeout = c.log.Named("nbd").With(zap.Int("lun", x.lun)), c.nbdShutdown
-	ncfg.Allocator = initiator.NBDAllocator(sess)
-	srv, err := nbd.NewServer(ncfg)
-	if err != nil {
-		return err
-	}
-	dev := &timedDevice{Device: initiator.NBDDevice(l), t: x.io}
-	desc := fmt.Sprintf("srpd %s LUN %d %s", c.cfg.Name, x.lun, l.Info().IDString())
-	for _, name := range []string{"", "lun" + strconv.Itoa(x.lun)} {
-		if err := srv.AddExport(name, dev, nbd.ExportOptions{Description: desc}); err != nil {
-			return err
-		}
-	}
-	if err := os.MkdirAll(filepath.Dir(x.socket), 0o750); err != nil {
-		return err
-	}
-	if _, err := srv.ListenUnix(x.socket); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	x.srv, x.cancel = srv, cancel
-	go func() {
-		defer close(x.done)
-		if err := srv.Serve(ctx); err != nil {
-			c.log.Error("NBD server", zap.Error(err))
-		}
-	}()
-	c.log.Info("NBD export up", zap.Int("lun", x.lun), zap.String("socket", x.socket), zap.Int64("size", l.Size()))
-	return nil
-}
-
-// nbdConfig maps an export's max_connections and write_timeout to the NBD server's Config
-// (omitted: the server's defaults; write_timeout off: a negative WriteTimeout, no deadline).
-func nbdConfig(e config.NBDExport) nbd.Config {
-	cfg := nbd.Config{MaxConnections: e.MaxConnections}
-	switch t := e.WriteTimeout; {
-	case t == nil:
-	case t.Off():
-		cfg.WriteTimeout = -1
-	default:
-		cfg.WriteTimeout = t.Duration()
-	}
-	return cfg
 }
 
 // stopExports shuts the NBD servers down (each answers what is in flight, bounded by its
@@ -319,13 +206,16 @@ func (c *connRT) stopExports(ctx context.Context) {
 	c.exports = nil
 	c.mu.Unlock()
 	for _, x := range exps {
-		if x.cancel != nil {
-			x.cancel()
+		if x.x != nil {
+			x.x.Stop()
 		}
 	}
 	for _, x := range exps {
+		if x.x == nil {
+			continue
+		}
 		select {
-		case <-x.done:
+		case <-x.x.Done():
 		case <-ctx.Done():
 			c.log.Warn("NBD server did not stop in time", zap.String("socket", x.socket))
 		}
@@ -407,7 +297,7 @@ func (c *connRT) info() ctlapi.ConnectionInfo {
 	}
 	if sess == nil {
 		var guid uint64
-		if g := c.tr.dev.GIDs(); len(g) > 0 {
+		if g := c.tr.Device.GIDs(); len(g) > 0 {
 			guid = uint64(g[0][8])<<56 | uint64(g[0][9])<<48 | uint64(g[0][10])<<40 | uint64(g[0][11])<<32 |
 				uint64(g[0][12])<<24 | uint64(g[0][13])<<16 | uint64(g[0][14])<<8 | uint64(g[0][15])
 		}

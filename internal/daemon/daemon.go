@@ -1,7 +1,8 @@
-// Package daemon is srpd proper: it turns a configuration (internal/config) into running
-// softroce devices, SRP targets with their LUNs and ACLs, and initiator sessions with their NBD
-// exports; serves the control API (internal/ctlapi) on a unix socket and Prometheus metrics;
-// applies only the difference on a reload or an API change; and drains on shutdown.
+// Package daemon is srpd proper: it keeps a configuration (internal/config) running — RDMA
+// devices, SRP targets with their LUNs and ACLs, and initiator sessions with their NBD exports,
+// each built by internal/stack — serves the control API (internal/ctlapi) on a unix socket and
+// Prometheus metrics; applies only the difference on a reload or an API change (keeping LUNs
+// open across a target restart, reconnecting lost sessions); and drains on shutdown.
 //
 // Life cycle (cmd/srpd drives it):
 //
@@ -34,7 +35,10 @@ import (
 	"github.com/srpd/srpd/internal/ctlapi"
 	"github.com/srpd/srpd/internal/logging"
 	"github.com/srpd/srpd/internal/sdnotify"
+	"github.com/srpd/srpd/internal/stack"
 	"github.com/srpd/srpd/target"
+	"github.com/srpd/srpd/transport"
+	"github.com/srpd/srpd/transport/verbs"
 )
 
 // DefaultDrainTimeout bounds a shutdown (and each stop during a reload).
@@ -80,7 +84,7 @@ type Daemon struct {
 
 	mu         sync.RWMutex
 	cfg        *config.Config
-	transports map[string]*transportRT
+	transports map[string]*stack.Transport
 	targets    map[string]*targetRT
 	conns      map[string]*connRT
 	failed     map[string]string // "transport/x", "target/x": why it is not running
@@ -92,6 +96,9 @@ type Daemon struct {
 
 	reloads, reloadFailures, mutations atomic.Uint64
 	sessionSeq                         atomic.Uint64 // session numbers of the API (targetRT.ids)
+
+	// openVerbs opens kernel verbs devices (nil: the engine's); tests stand in for it.
+	openVerbs func(name string, cfg verbs.Config) (transport.Device, error)
 }
 
 // New returns a daemon that runs nothing yet.
@@ -110,8 +117,8 @@ func New(opts Options) *Daemon {
 		}
 	}
 	return &Daemon{opts: opts, log: log, version: v, cfg: emptyConfig(),
-		transports: map[string]*transportRT{}, targets: map[string]*targetRT{}, conns: map[string]*connRT{},
-		failed: map[string]string{}, budget: target.NewBudget(budgetConfig(&config.GlobalLimits{}))}
+		transports: map[string]*stack.Transport{}, targets: map[string]*targetRT{}, conns: map[string]*connRT{},
+		failed: map[string]string{}, budget: target.NewBudget(stack.BudgetConfig(&config.GlobalLimits{}))}
 }
 
 func emptyConfig() *config.Config {
@@ -218,7 +225,7 @@ func (d *Daemon) StatusLine() string {
 	}
 	sessions := 0
 	for _, t := range d.targets {
-		sessions += int(t.tgt.Stats().Sessions)
+		sessions += int(t.Port.Stats().Sessions)
 	}
 	line := fmt.Sprintf("%d target(s), %d initiator session(s) logged in; %d/%d connection(s) up", len(d.targets), sessions, up, len(d.conns))
 	if n := len(d.failed); n > 0 {
@@ -318,7 +325,7 @@ func (d *Daemon) makePlan(old, new *config.Config) *plan {
 // caller decides whether to keep new (reload) or go back to old (API mutations).
 func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 	p := d.makePlan(old, new)
-	d.budget.SetConfig(budgetConfig(&new.Limits))
+	d.budget.SetConfig(stack.BudgetConfig(&new.Limits))
 	var errs []error
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opts.drainTimeout())
 	defer cancel()
@@ -354,7 +361,7 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 	for _, n := range p.closeTransports {
 		t := takeRunning(d, d.transports, "transport", n)
 		if t != nil {
-			t.close(stopCtx)
+			t.Close(stopCtx)
 		}
 	}
 
@@ -365,9 +372,10 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 		delete(d.transports, n)
 		d.mu.Unlock()
 		if t != nil { // a retry of a failed transport never had one; a changed one was closed
-			t.close(stopCtx)
+			t.Close(stopCtx)
 		}
-		tr, err := openTransport(ctx, *new.Transport(n), d.log.With(zap.String("transport", n)))
+		tr, err := stack.OpenTransport(ctx, *new.Transport(n), stack.TransportOptions{
+			Logger: d.log.With(zap.String("transport", n)), OpenVerbs: d.openVerbs})
 		d.mu.Lock()
 		if err == nil {
 			d.transports[n] = tr
@@ -593,10 +601,7 @@ func (d *Daemon) shutdownLocked(ctx context.Context) {
 	// Stop accepting logins on every target before anything drains.
 	d.mu.RLock()
 	for _, t := range d.targets {
-		t.cancel()
-		for _, ln := range t.lns {
-			_ = ln.Close()
-		}
+		t.StopAccepting()
 	}
 	d.mu.RUnlock()
 	empty := emptyConfig()
@@ -607,10 +612,10 @@ func (d *Daemon) shutdownLocked(ctx context.Context) {
 	// Whatever is left (transports without targets, or objects that never started).
 	d.mu.Lock()
 	trs := d.transports
-	d.transports = map[string]*transportRT{}
+	d.transports = map[string]*stack.Transport{}
 	d.mu.Unlock()
 	for _, t := range trs {
-		t.close(ctx)
+		t.Close(ctx)
 	}
 	if ms != nil {
 		ms.close(ctx)

@@ -60,7 +60,7 @@ func (d *Daemon) collect() *expo {
 
 	for _, name := range sortedKeys(d.transports) {
 		t := d.transports[name]
-		s, cm, ok := t.softroceStats()
+		s, cm, ok := t.SoftRoCEStats()
 		if !ok {
 			continue // the kernel verbs engine keeps its counters in the kernel (rdma statistic)
 		}
@@ -97,7 +97,7 @@ func (d *Daemon) collect() *expo {
 
 	for _, name := range sortedKeys(d.targets) {
 		t := d.targets[name]
-		st := t.tgt.Stats()
+		st := t.Port.Stats()
 		l := []string{"target", name}
 		e.gauge("srpd_target_sessions", "Initiators logged in (I_T nexuses).", float64(st.Sessions), l...)
 		e.gauge("srpd_target_channels", "Live RDMA channels.", float64(st.Channels), l...)
@@ -119,7 +119,7 @@ func (d *Daemon) collect() *expo {
 		e.gauge("srpd_target_mrs", "Registered memory regions held by the channels.", float64(st.MRs), l...)
 		e.gauge("srpd_target_registered_memory_bytes", "Memory registered by the channels.", float64(st.MemoryBytes), l...)
 		var granted, reqLim, pending int64
-		for _, ss := range t.tgt.Sessions() {
+		for _, ss := range t.Port.Sessions() {
 			for _, c := range ss.Channels {
 				granted += int64(c.QueueDepth)
 				reqLim += c.ReqLim
@@ -132,7 +132,7 @@ func (d *Daemon) collect() *expo {
 		for _, id := range sortedKeys(t.luns) {
 			lr := t.luns[id]
 			ls := strconv.Itoa(id)
-			e.gauge("srpd_target_lun_capacity_bytes", "LUN capacity.", float64(lr.capacity), "target", name, "lun", ls)
+			e.gauge("srpd_target_lun_capacity_bytes", "LUN capacity.", float64(lr.Capacity), "target", name, "lun", ls)
 			for _, op := range []struct {
 				n string
 				h *histogram
@@ -167,8 +167,8 @@ func (d *Daemon) collect() *expo {
 		e.counter("srpd_connection_write_bytes_total", "Data-out bytes of writes that completed GOOD.", st.BytesWritten, l...)
 		for _, x := range exps {
 			ls := []string{"connection", name, "lun", strconv.Itoa(x.lun)}
-			if x.srv != nil {
-				ns := x.srv.Stats()
+			if x.x != nil {
+				ns := x.x.Server.Stats()
 				var reads, writes, br, bw, errs, reqs, stalled uint64
 				conns := 0
 				for _, ex := range ns.Exports {

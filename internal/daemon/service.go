@@ -27,14 +27,14 @@ func (d *Daemon) Status(context.Context) (*ctlapi.Status, error) {
 		Transports: []ctlapi.TransportInfo{}}
 	for _, t := range d.cfg.Transports {
 		if rt := d.transports[t.Name]; rt != nil {
-			st.Transports = append(st.Transports, rt.info())
+			st.Transports = append(st.Transports, transportInfo(rt))
 			continue
 		}
 		st.Transports = append(st.Transports, ctlapi.TransportInfo{Name: t.Name, Driver: t.Driver, State: ctlapi.StateError,
 			Error: d.failed["transport/"+t.Name]})
 	}
 	for _, t := range d.targets {
-		st.Sessions += int(t.tgt.Stats().Sessions)
+		st.Sessions += int(t.Port.Stats().Sessions)
 	}
 	return st, nil
 }
@@ -102,7 +102,7 @@ func (d *Daemon) DeleteTarget(ctx context.Context, name string, opts ctlapi.Dele
 		rt := d.targets[name]
 		d.mu.RUnlock()
 		if rt != nil && !opts.Force {
-			if n := rt.tgt.Stats().Sessions; n > 0 {
+			if n := rt.Port.Stats().Sessions; n > 0 {
 				return fmt.Errorf("target %q has %d logged-in session(s); use force to log them out: %w", name, n, ctlapi.ErrConflict)
 			}
 		}

@@ -2,8 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -16,7 +14,6 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/srpd/srpd/internal/config"
-	"github.com/srpd/srpd/internal/ctlapi"
 	"github.com/srpd/srpd/internal/testutil"
 	"github.com/srpd/srpd/transport"
 	"github.com/srpd/srpd/transport/softroce"
@@ -34,33 +31,6 @@ type plainDevice struct {
 
 func (p plainDevice) Addrs() []netip.AddrPort { return append(p.Device.Addrs(), p.extra...) }
 
-// TestOpenTransportVerbsErrors: the verbs driver's errors name the transport and the device.
-func TestOpenTransportVerbsErrors(t *testing.T) {
-	defer func(f func(string, verbs.Config) (transport.Device, error)) { openVerbs = f }(openVerbs)
-	var got verbs.Config
-	openVerbs = func(name string, cfg verbs.Config) (transport.Device, error) {
-		got = cfg
-		return nil, fmt.Errorf("%w: open %q: no such device", verbs.ErrUnavailable, name)
-	}
-	_, err := openTransport(context.Background(), config.Transport{Name: "hw", Driver: config.DriverVerbs, Device: "mlx5_9", Port: 2}, zap.NewNop())
-	if err == nil || !strings.Contains(err.Error(), "transport hw") || !strings.Contains(err.Error(), "mlx5_9") {
-		t.Fatalf("error %v: want one naming transport hw and device mlx5_9", err)
-	}
-	if verbs.Built && (!errors.Is(err, ctlapi.ErrUnavailable) || strings.Contains(err.Error(), "without -tags verbs")) {
-		t.Errorf("error %q: want ctlapi.ErrUnavailable and no build-tag advice in a verbs build", err)
-	}
-	if !errors.Is(err, verbs.ErrUnavailable) {
-		t.Errorf("error %q does not wrap verbs.ErrUnavailable", err)
-	}
-	if got.Port != 2 || got.Logger == nil {
-		t.Errorf("verbs.Config = %+v, want Port 2 and a logger", got)
-	}
-	_, err = openTransport(context.Background(), config.Transport{Name: "hw", Driver: config.DriverVerbs}, zap.NewNop())
-	if !errors.Is(err, ctlapi.ErrInvalidArgument) {
-		t.Errorf("no device: %v, want ErrInvalidArgument", err)
-	}
-}
-
 // TestVerbsTransportInDaemon runs a target on a transport with driver verbs — its device a
 // softroce device behind plainDevice, so without the softroce-only methods — and logs in to it
 // from a session on a softroce transport: the daemon wiring (listen addresses, dial, metrics,
@@ -68,8 +38,7 @@ func TestOpenTransportVerbsErrors(t *testing.T) {
 func TestVerbsTransportInDaemon(t *testing.T) {
 	port := testutil.FreeUDPPort(t)
 	vAddr := netip.MustParseAddr("127.0.0.2")
-	defer func(f func(string, verbs.Config) (transport.Device, error)) { openVerbs = f }(openVerbs)
-	openVerbs = func(name string, cfg verbs.Config) (transport.Device, error) {
+	openVerbs := func(name string, cfg verbs.Config) (transport.Device, error) {
 		lnk, err := link.ListenUDP(context.Background(), netip.AddrPortFrom(vAddr, uint16(port)), link.UDPOptions{})
 		if err != nil {
 			return nil, err
@@ -103,6 +72,7 @@ func TestVerbsTransportInDaemon(t *testing.T) {
 		log = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
 	}
 	d := New(Options{ConfigPath: path, Logger: log, DrainTimeout: 20 * time.Second})
+	d.openVerbs = openVerbs
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := d.Start(ctx, cfg); err != nil {
@@ -117,17 +87,17 @@ func TestVerbsTransportInDaemon(t *testing.T) {
 	if tr == nil || tgt == nil {
 		t.Fatalf("transport v %v, target a %v", tr, tgt)
 	}
-	if as := tr.addrs(); !slices.Equal(as, []netip.Addr{vAddr}) {
+	if as := tr.Addrs(); !slices.Equal(as, []netip.Addr{vAddr}) {
 		t.Errorf("addrs = %v, want [%v] (no link-local, no duplicate)", as, vAddr)
 	}
-	if want := []string{netip.AddrPortFrom(vAddr, 5555).String()}; !slices.Equal(tgt.listen, want) {
-		t.Errorf("target listens on %v, want %v", tgt.listen, want)
+	if want := []string{netip.AddrPortFrom(vAddr, 5555).String()}; !slices.Equal(tgt.Listen, want) {
+		t.Errorf("target listens on %v, want %v", tgt.Listen, want)
 	}
-	if info := tr.info(); info.Driver != config.DriverVerbs || info.Device != "fake0" || !slices.Equal(info.Addresses, []string{vAddr.String()}) {
+	if info := transportInfo(tr); info.Driver != config.DriverVerbs || info.Device != "fake0" || !slices.Equal(info.Addresses, []string{vAddr.String()}) {
 		t.Errorf("info = %+v", info)
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for tgt.tgt.Stats().Sessions != 1 {
+	for tgt.Port.Stats().Sessions != 1 {
 		if time.Now().After(deadline) {
 			t.Fatalf("no session on the verbs transport's target: %s", d.StatusLine())
 		}

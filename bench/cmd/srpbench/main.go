@@ -46,14 +46,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/srpd/srpd/initiator"
-	"github.com/srpd/srpd/initiator/nbd"
+	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/logging"
-	"github.com/srpd/srpd/scsi"
-	"github.com/srpd/srpd/scsi/backend"
+	"github.com/srpd/srpd/internal/stack"
 	"github.com/srpd/srpd/srp"
 	"github.com/srpd/srpd/target"
-	"github.com/srpd/srpd/transport/softroce"
-	"github.com/srpd/srpd/transport/softroce/link"
 )
 
 const (
@@ -160,25 +157,18 @@ func writeReady(path, s string) error {
 	return os.Rename(tmp, path)
 }
 
-// openDevice opens a softroce device on addr with an ephemeral UDP port.
-func openDevice(ctx context.Context, name string, addr netip.Addr, maxMR int, log *zap.Logger) (*softroce.Device, netip.AddrPort, error) {
-	lnk, err := link.ListenUDP(ctx, netip.AddrPortFrom(addr, 0), link.UDPOptions{GRO: true, GSO: true})
+// openDevice opens a softroce transport (internal/stack, as srpd does) on addr with an
+// ephemeral UDP port.
+func openDevice(ctx context.Context, name string, addr netip.Addr, maxMR int, log *zap.Logger) (*stack.Transport, netip.AddrPort, error) {
+	tr, err := stack.OpenTransport(ctx, config.Transport{Name: name, Driver: config.DriverSoftRoCE, Address: addr.String()},
+		stack.TransportOptions{Logger: log, MaxQP: 4096, MaxMR: maxMR})
 	if err != nil {
 		return nil, netip.AddrPort{}, err
 	}
-	dev, err := softroce.Open(softroce.Config{Name: name, Link: lnk, Logger: log, MaxMR: maxMR, MaxQP: 4096})
-	if err != nil {
-		_ = lnk.Close()
-		return nil, netip.AddrPort{}, err
-	}
-	return dev, lnk.LocalAddrPort(), nil
+	return tr, tr.Bound, nil
 }
 
-func closeDevice(dev *softroce.Device) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = dev.Close(ctx)
-}
+func closeDevice(dev *stack.Transport) { dev.Close(context.Background()) }
 
 func loopback(a netip.Addr) error {
 	if !a.IsLoopback() {
@@ -216,49 +206,31 @@ func (o *targetOpts) parse(portID string) error {
 	return err
 }
 
-// serveTarget starts an SRP target with one RAM LUN, listening on dev's RDMA CM at addr. stop
-// closes it and returns Serve's error.
-func serveTarget(dev *softroce.Device, addr netip.Addr, o targetOpts, log *zap.Logger) (tgt *target.Target, stop func() error, err error) {
-	ram, err := backend.NewRAM(o.size, false)
+// serveTarget starts an SRP target with one RAM LUN (internal/stack, as srpd does), listening
+// on dev's RDMA CM at addr. stop closes it.
+func serveTarget(dev *stack.Transport, addr netip.Addr, o targetOpts, log *zap.Logger) (tgt *target.Target, stop func() error, err error) {
+	cfg := config.Target{
+		Name: "srpbench", PortID: config.PortID(o.portID), CMPort: cmPort, Listen: []string{addr.String()},
+		LUNs:   []config.LUN{{ID: 0, Backend: config.BackendRAM, Size: config.Size(o.size), BlockSize: o.bs, Serial: "srpbench-0"}},
+		ACLs:   []config.ACL{{Initiator: config.AnyInitiator}},
+		Limits: config.Limits{QueueDepth: o.qd, MaxChannels: 4},
+	}
+	lun, err := stack.OpenLUN(&cfg, cfg.LUNs[0], stack.LUNOptions{})
 	if err != nil {
 		return nil, nil, err
 	}
-	lun, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: o.bs, Product: "srpbench RAM", Serial: "srpbench-0"}, ram)
+	st, err := stack.StartTarget(cfg, dev, map[int]*stack.LUN{0: lun}, stack.TargetOptions{Logger: log.Named("target"), MaxTransfer: o.maxXfer})
 	if err != nil {
+		_ = lun.Close()
 		return nil, nil, err
 	}
-	tgt, err = target.New(target.Config{
-		Name: "srpbench", PortID: o.portID, Logger: log.Named("target"),
-		Limits:     target.Limits{QueueDepth: o.qd, MaxTransfer: o.maxXfer, MaxChannels: 4},
-		DefaultACL: &target.ACL{Name: "any", LUNs: []target.LUNMapping{{Number: 0, LUN: lun}}},
-	})
-	if err != nil {
-		lun.Close()
-		return nil, nil, err
-	}
-	ln, err := dev.Listen(addr, cmPort)
-	if err != nil {
-		lun.Close()
-		return nil, nil, err
-	}
-	served := make(chan error, 1)
-	go func() { served <- tgt.Serve(context.Background(), ln, dev) }() // ended by tgt.Close
 	stop = func() error {
-		defer lun.Close()
-		defer ln.Close()
 		cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 		defer cancel()
-		if err := tgt.Close(cctx); err != nil {
-			log.Warn("closing the target", zap.Error(err))
-		}
-		select {
-		case err := <-served:
-			return err
-		case <-time.After(closeTimeout):
-			return errors.New("Serve did not return")
-		}
+		st.Stop(cctx, nil) // logs a drain that does not finish in time
+		return nil
 	}
-	return tgt, stop, nil
+	return st.Port, stop, nil
 }
 
 func runTarget(ctx context.Context, args []string) error {
@@ -422,15 +394,14 @@ func (o *sessOpts) parse(targetS, portID string) error {
 	return err
 }
 
-func dial(ctx context.Context, dev *softroce.Device, o *sessOpts, ext uint64, log *zap.Logger) (*initiator.Session, error) {
+// dial logs a session in to the target whose RoCEv2 socket is o.target (internal/stack, as
+// srpd does).
+func dial(ctx context.Context, dev *stack.Transport, o *sessOpts, ext uint64, log *zap.Logger) (*initiator.Session, error) {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	return initiator.Dial(ctx, initiator.Config{
-		Name: fmt.Sprintf("bench-%d", ext), Device: dev,
-		Dialer:    &initiator.CMDialer{CM: dev, Remote: netip.AddrPortFrom(o.target.Addr(), cmPort)},
-		LoginForm: initiator.LoginRDMACM, TargetPortID: o.portID, InitiatorExt: ext,
-		ChCount: o.channels, QueueDepth: o.qd, MaxIOSize: o.maxIO, Logger: log,
-	})
+	return stack.Dial(ctx, config.Session{Name: fmt.Sprintf("bench-%d", ext), Address: o.target.Addr().String(), Port: cmPort,
+		TargetPortID: config.PortID(o.portID), InitiatorExt: config.ID64(ext), ChCount: o.channels, QueueDepth: o.qd},
+		dev, stack.SessionOptions{Logger: log, PeerUDPPort: o.target.Port(), MaxIOSize: o.maxIO})
 }
 
 func closeSession(s *initiator.Session) error {
@@ -476,7 +447,7 @@ func runNBD(ctx context.Context, args []string) error {
 		return errors.New("-socket is required")
 	}
 	log := newLog(*verbose)
-	var dev *softroce.Device
+	var dev *stack.Transport
 	if *local {
 		addr, err := netip.ParseAddr(*addrS)
 		if err != nil {
@@ -520,7 +491,6 @@ func runNBD(ctx context.Context, args []string) error {
 		return err
 	}
 	defer stopProf()
-	dev.SetPeerUDPPort(o.target.Addr(), o.target.Port())
 	sess, err := dial(ctx, dev, &o, 1, log.Named("initiator"))
 	if err != nil {
 		return err
@@ -534,20 +504,17 @@ func runNBD(ctx context.Context, args []string) error {
 	if lun == nil {
 		return errors.New("no LUN 0")
 	}
-	srv, err := nbd.NewServer(nbdConfig(log, *workers, *readSpin, *heapBufs, sess))
+	x, err := stack.ServeNBD(sess, config.NBDExport{LUN: 0, Socket: *sock}, stack.NBDOptions{Logger: log, Session: "srpbench",
+		Names: []string{*export}, Workers: *workers, ReadSpin: *readSpin, HeapBuffers: *heapBufs})
 	if err != nil {
 		return err
 	}
-	if err := srv.AddExport(*export, initiator.NBDDevice(lun), nbd.ExportOptions{Description: "srpbench LUN 0"}); err != nil {
-		return err
-	}
-	if _, err := srv.ListenUnix(*sock); err != nil {
-		return err
-	}
+	defer func() { x.Stop(); <-x.Done() }() // a graceful shutdown, bounded by the server's ShutdownTimeout
 	if err := writeReady(*ready, fmt.Sprintf("pid=%d", os.Getpid())); err != nil {
 		return err
 	}
-	return srv.Serve(ctx) // until SIGTERM, then a graceful shutdown
+	<-ctx.Done() // until SIGTERM
+	return nil
 }
 
 // ---- lat ----
@@ -581,7 +548,6 @@ func runLat(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeDevice(dev)
-	dev.SetPeerUDPPort(o.target.Addr(), o.target.Port())
 	sess, err := dial(ctx, dev, &o, 2, log.Named("initiator"))
 	if err != nil {
 		return err
@@ -626,7 +592,7 @@ func runLat(ctx context.Context, args []string) error {
 		}
 		lats = append(lats, time.Since(t0))
 	}
-	fmt.Fprintf(os.Stderr, "initiator stats: %+v\ninitiator device: %+v\n", sess.Stats(), dev.Stats())
+	fmt.Fprintf(os.Stderr, "initiator stats: %+v\ninitiator device: %+v\n", sess.Stats(), dev.SoftRoCE().Stats())
 	op := "lat read"
 	if *write {
 		op = "lat write"
@@ -778,7 +744,6 @@ func runMem(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeDevice(dev)
-	dev.SetPeerUDPPort(o.target.Addr(), o.target.Port())
 
 	report := func(what string, done int64) error {
 		rss, hwm, err := procMem(*pid)
@@ -928,14 +893,4 @@ func queryStats(path string) (memStatus, error) {
 	}
 	err = json.Unmarshal(b, &st)
 	return st, err
-}
-
-// nbdConfig is the NBD server's configuration: with heapBufs its request buffers are Go heap
-// memory, otherwise the session's Buffers (initiator.NBDAllocator).
-func nbdConfig(log *zap.Logger, workers int, readSpin time.Duration, heapBufs bool, sess *initiator.Session) nbd.Config {
-	cfg := nbd.Config{Logger: log.Named("nbd"), Workers: workers, ReadSpin: readSpin}
-	if !heapBufs {
-		cfg.Allocator = initiator.NBDAllocator(sess)
-	}
-	return cfg
 }

@@ -3,13 +3,17 @@
 // NBD_OPT_GO (fixed newstyle), and either
 //
 //   - writes random data to five regions (4 KiB at 0, 64 KiB at 8 KiB, 64 KiB at 1 MiB + 4 KiB,
-//     1 MiB at 4 MiB + 12 KiB, the last 4 KiB), flushes, reads back and compares, -passes
-//     times, printing "CHECK <sha256> <offset> <length>" for the last pass on stdout; or
+//     1 MiB at 4 MiB + 12 KiB, the last 4 KiB; with -unaligned also 512 bytes at 2 MiB + 512,
+//     which is not 4 KiB aligned), flushes, reads back and compares, -passes times, printing
+//     "CHECK <sha256> <offset> <length>" for the last pass on stdout; or
 //   - with -verify FILE (- for stdin), reads the regions CHECK lines name and compares their
 //     SHA-256 (the data another initiator wrote, read through this one).
 //
-// It prints "nbdcheck: OK ..." on stderr and exits 0, or exits 1 with the reason. Every
-// network operation is bounded by -timeout.
+// With -size it first checks the export's size. It prints "nbdcheck: OK ..." on stderr and
+// exits 0, or exits 1 with the reason. Every network operation is bounded by -timeout.
+//
+// scripts/interop-srpd.sh runs it against srpd's NBD export of the kernel target's LUN (make
+// interop), interop/srp-verbs inside its guests and on the host.
 package main
 
 import (
@@ -196,17 +200,23 @@ func (cl *client) read(off uint64, n int) ([]byte, error) {
 
 type region struct{ off, len uint64 }
 
-func regions(size uint64) []region {
-	return []region{{0, 4096}, {8192, 65536}, {1052672, 65536}, {4206592, 1 << 20}, {size - 4096, 4096}}
+// regions are the ranges written and checked on an export of size bytes; unaligned adds one
+// 512-byte range that is not 4 KiB aligned (a LUN of 512-byte blocks).
+func regions(size uint64, unaligned bool) []region {
+	rs := []region{{0, 4096}, {8192, 65536}, {1052672, 65536}, {4206592, 1 << 20}, {size - 4096, 4096}}
+	if unaligned {
+		rs = append(rs, region{2<<20 + 512, 512})
+	}
+	return rs
 }
 
 func sum(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:]) }
 
-func writePasses(cl *client, passes int) ([]string, error) {
+func writePasses(cl *client, passes int, unaligned bool) ([]string, error) {
 	var checks []string
 	for p := 1; p <= passes; p++ {
 		var want []string
-		for _, r := range regions(cl.size) {
+		for _, r := range regions(cl.size, unaligned) {
 			buf := make([]byte, r.len)
 			_, _ = rand.Read(buf)
 			if err := cl.cmd(cmdWrite, r.off, buf, nil, uint32(r.len)); err != nil {
@@ -220,7 +230,7 @@ func writePasses(cl *client, passes int) ([]string, error) {
 			}
 		}
 		checks = checks[:0]
-		for i, r := range regions(cl.size) {
+		for i, r := range regions(cl.size, unaligned) {
 			got, err := cl.read(r.off, int(r.len))
 			if err != nil {
 				return nil, fmt.Errorf("pass %d: read %d bytes at %d: %w", p, r.len, r.off, err)
@@ -277,6 +287,8 @@ func main() {
 	verifyFrom := flag.String("verify", "", "verify the CHECK lines of this file (- for stdin) instead of writing")
 	wait := flag.Duration("wait", 60*time.Second, "how long to wait for the socket")
 	timeout := flag.Duration("timeout", 60*time.Second, "bound on each NBD operation")
+	wantSize := flag.Uint64("size", 0, "expected export size in bytes (0: any of at least 8 MiB)")
+	unaligned := flag.Bool("unaligned", false, "also write and check 512 bytes at 2 MiB + 512 (not 4 KiB aligned)")
 	flag.Parse()
 	if *socket == "" {
 		fmt.Fprintln(os.Stderr, "nbdcheck: -socket is required")
@@ -291,6 +303,10 @@ func main() {
 	defer cl.c.Close()
 	if cl.size < 8<<20 {
 		fmt.Fprintf(os.Stderr, "nbdcheck: FAIL: export of %d bytes (need >= 8 MiB)\n", cl.size)
+		os.Exit(1)
+	}
+	if *wantSize != 0 && cl.size != *wantSize {
+		fmt.Fprintf(os.Stderr, "nbdcheck: FAIL: export of %d bytes, want %d\n", cl.size, *wantSize)
 		os.Exit(1)
 	}
 	if *verifyFrom != "" {
@@ -313,7 +329,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "nbdcheck: OK: %d region(s) verified on a %d-byte export in %.2fs\n", n, cl.size, time.Since(t0).Seconds())
 		return
 	}
-	checks, err := writePasses(cl, *passes)
+	checks, err := writePasses(cl, *passes, *unaligned)
 	_ = cl.cmd(cmdDisc, 0, nil, nil, 0)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "nbdcheck: FAIL: %v\n", err)

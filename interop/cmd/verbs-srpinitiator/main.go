@@ -1,6 +1,7 @@
-// Command verbs-srpinitiator is the SRP initiator (package initiator) on the kernel verbs engine
-// (transport/verbs): what interop/srp-verbs runs inside a QEMU guest on kernel rxe to log in to
-// an SRP target elsewhere on the bridge (cmd/srptarget on softroce on the host side). Its data
+// Command verbs-srpinitiator is the SRP initiator (package initiator, its device and session
+// built by internal/stack as srpd builds them) on the kernel verbs engine (transport/verbs):
+// what interop/srp-verbs runs inside a QEMU guest on kernel rxe to log in to an SRP target
+// elsewhere on the bridge (srpd with softroce on the host side, scripts/interop-srpd.sh). Its data
 // buffers are registered through frpool's fast-reg MRs, which the verbs engine carries as type-2
 // memory windows. Build it with `-tags verbs`.
 //
@@ -22,7 +23,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"errors"
 	"flag"
 	"fmt"
 	"net/netip"
@@ -33,9 +33,9 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/srpd/srpd/initiator"
+	"github.com/srpd/srpd/internal/config"
+	"github.com/srpd/srpd/internal/stack"
 	"github.com/srpd/srpd/srp"
-	"github.com/srpd/srpd/transport"
 	"github.com/srpd/srpd/transport/verbs"
 )
 
@@ -92,35 +92,20 @@ func run(ctx context.Context, devName, targetS string, port uint16, portIDS stri
 		}
 		devName = names[0]
 	}
-	d, err := verbs.OpenDevice(devName, verbs.Config{Logger: log.Named("verbs")})
+	tr, err := stack.OpenTransport(ctx, config.Transport{Name: "verbs", Driver: config.DriverVerbs, Device: devName},
+		stack.TransportOptions{Logger: log})
 	if err != nil {
 		return err
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		if err := d.Close(cctx); err != nil {
-			log.Warn("closing the device", zap.Error(err))
-		}
-	}()
-	cm, ok := d.(transport.ConnManager)
-	if !ok {
-		return errors.New("device has no connection manager")
-	}
+	defer tr.Close(context.Background())
 	remote := netip.AddrPortFrom(tip, port)
 	log.Info("logging in", zap.String("dev", devName), zap.Stringer("target", remote), zap.Stringer("target_port_id", portID),
-		zap.Int("max_mr_pages", d.Attr().MaxMRPages))
+		zap.Int("max_mr_pages", tr.Device.Attr().MaxMRPages))
 	start := time.Now()
-	sess, err := initiator.Dial(ctx, initiator.Config{
-		Name:         "verbs-srpinitiator",
-		Device:       d,
-		Dialer:       &initiator.CMDialer{CM: cm, Remote: remote},
-		LoginForm:    initiator.LoginRDMACM,
-		TargetPortID: portID,
-		Logger:       log.Named("initiator"),
-	})
+	sess, err := stack.Dial(ctx, config.Session{Name: "verbs-srpinitiator", Address: tip.String(), Port: int(port),
+		TargetPortID: config.PortID(portID)}, tr, stack.SessionOptions{Logger: log.Named("initiator")})
 	if err != nil {
-		return fmt.Errorf("login to %v: %w", remote, err)
+		return err
 	}
 	log.Info("session up", zap.Duration("after", time.Since(start).Round(time.Microsecond)), zap.Int("luns", len(sess.LUNs())))
 	defer func() {

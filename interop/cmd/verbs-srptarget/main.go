@@ -1,5 +1,6 @@
-// Command verbs-srptarget is the SRP target (package target, one RAM LUN 0 for any initiator) on
-// the kernel verbs engine (transport/verbs): what interop/srp-verbs runs inside a QEMU guest on
+// Command verbs-srptarget is the SRP target (package target, one RAM LUN 0 for any initiator;
+// device, LUN and target built by internal/stack as srpd builds them) on the kernel verbs engine
+// (transport/verbs): what interop/srp-verbs runs inside a QEMU guest on
 // kernel rxe, with the kernel's ib_srp logging in from the other guest. Build it with
 // `-tags verbs` (without the tag it exits at once with "built without -tags verbs").
 //
@@ -17,7 +18,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"net/netip"
@@ -29,11 +29,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/srpd/srpd/scsi"
-	"github.com/srpd/srpd/scsi/backend"
-	"github.com/srpd/srpd/srp"
-	"github.com/srpd/srpd/target"
-	"github.com/srpd/srpd/transport"
+	"github.com/srpd/srpd/internal/config"
+	"github.com/srpd/srpd/internal/stack"
 	"github.com/srpd/srpd/transport/verbs"
 )
 
@@ -72,7 +69,7 @@ func main() {
 }
 
 func run(devName, addrS string, port uint16, portIDS string, lunMiB int, log *zap.Logger) error {
-	portID, err := srp.ParsePortID(portIDS)
+	portID, err := config.ParsePortID(portIDS)
 	if err != nil {
 		return fmt.Errorf("-port-id: %w", err)
 	}
@@ -86,60 +83,44 @@ func run(devName, addrS string, port uint16, portIDS string, lunMiB int, log *za
 		}
 		devName = names[0]
 	}
-	d, err := verbs.OpenDevice(devName, verbs.Config{Logger: log.Named("verbs")})
+	tr, err := stack.OpenTransport(context.Background(), config.Transport{Name: "verbs", Driver: config.DriverVerbs, Device: devName},
+		stack.TransportOptions{Logger: log})
 	if err != nil {
 		return err
 	}
-	closeDev := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		if err := d.Close(ctx); err != nil {
-			log.Warn("closing the device", zap.Error(err))
-		}
-	}
-	defer closeDev()
+	defer tr.Close(context.Background())
 	var addr netip.Addr
 	if addrS != "" {
 		if addr, err = netip.ParseAddr(addrS); err != nil {
 			return fmt.Errorf("-addr: %w", err)
 		}
 	} else {
-		for _, a := range d.Addrs() {
-			if a.Addr().Is4() {
-				addr = a.Addr()
+		for _, a := range tr.Addrs() {
+			if a.Is4() {
+				addr = a
 				break
 			}
 		}
 		if !addr.IsValid() {
-			return fmt.Errorf("%s has no IPv4 RoCEv2 address (%v)", devName, d.Addrs())
+			return fmt.Errorf("%s has no IPv4 RoCEv2 address (%v)", devName, tr.Device.Addrs())
 		}
 	}
-	cmgr, ok := d.(transport.ConnManager)
-	if !ok {
-		return errors.New("device has no connection manager")
+	cfg := config.Target{
+		Name: "verbs-srptarget", PortID: portID, CMPort: int(port), Listen: []string{addr.String()},
+		LUNs: []config.LUN{{ID: 0, Backend: config.BackendRAM, Size: config.Size(lunMiB) << 20, BlockSize: 512,
+			Serial: fmt.Sprintf("verbs-%016x", portID.GUID())}},
+		ACLs: []config.ACL{{Initiator: config.AnyInitiator}},
 	}
-	be, err := backend.NewRAM(int64(lunMiB)<<20, false)
+	lun, err := stack.OpenLUN(&cfg, cfg.LUNs[0], stack.LUNOptions{})
 	if err != nil {
 		return err
 	}
-	lun, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: 512, Product: "srpd verbs RAM", Serial: fmt.Sprintf("verbs-%x", portID[8:])}, be)
+	tgt, err := stack.StartTarget(cfg, tr, map[int]*stack.LUN{0: lun}, stack.TargetOptions{Logger: log})
 	if err != nil {
+		_ = lun.Close()
 		return err
 	}
-	tgt, err := target.New(target.Config{
-		Name:       "verbs-srptarget",
-		PortID:     portID,
-		DefaultACL: &target.ACL{Name: "any", LUNs: []target.LUNMapping{{Number: 0, LUN: lun}}},
-		Logger:     log,
-	})
-	if err != nil {
-		return err
-	}
-	ln, err := cmgr.Listen(addr, port)
-	if err != nil {
-		return fmt.Errorf("listen on %v port %d: %w", addr, port, err)
-	}
-	a := d.Attr()
+	a := tr.Device.Attr()
 	log.Info("listening", zap.String("dev", devName), zap.Stringer("addr", addr), zap.Uint16("cm_port", port),
 		zap.Stringer("target_port_id", portID), zap.Int("lun_mib", lunMiB), zap.Int("max_mr_pages", a.MaxMRPages),
 		zap.Int("max_qp_wr", a.MaxQPWR), zap.Stringer("mtu", a.ActiveMTU))
@@ -147,28 +128,11 @@ func run(devName, addrS string, port uint16, portIDS string, lunMiB int, log *za
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	served := make(chan error, 1)
-	go func() { served <- tgt.Serve(context.Background(), ln, d) }()
-	var serveErr error
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down")
-	case serveErr = <-served:
-		served = nil
-	}
+	<-ctx.Done()
+	log.Info("shutting down")
 	cctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	if err := tgt.Close(cctx); err != nil {
-		log.Warn("closing the target", zap.Error(err))
-	}
-	cancel()
-	if served != nil {
-		select {
-		case serveErr = <-served:
-		case <-time.After(3 * time.Second):
-			serveErr = errors.New("Serve did not return")
-		}
-	}
-	_ = ln.Close()
-	log.Info("stopped", zap.Any("target", tgt.Stats()))
-	return serveErr
+	defer cancel()
+	tgt.Stop(cctx, nil)
+	log.Info("stopped", zap.Any("target", tgt.Port.Stats())) // a drain past 3 s is logged by Stop
+	return nil
 }

@@ -1,6 +1,6 @@
 //go:build !verbs || !linux || !cgo
 
-package daemon
+package stack
 
 import (
 	"context"
@@ -22,10 +22,10 @@ func TestOpenTransportVerbsNotBuilt(t *testing.T) {
 		t.Skip("this build has the verbs engine")
 	}
 	cfg := config.Transport{Name: "rdma0", Driver: config.DriverVerbs, Device: "rxe0", Port: 1}
-	tr, err := openTransport(context.Background(), cfg, zap.NewNop())
+	tr, err := OpenTransport(context.Background(), cfg, TransportOptions{Logger: zap.NewNop()})
 	if err == nil {
-		tr.close(context.Background())
-		t.Fatal("openTransport succeeded without the verbs engine")
+		tr.Close(context.Background())
+		t.Fatal("OpenTransport succeeded without the verbs engine")
 	}
 	for _, want := range []string{"transport rdma0", "rxe0", "srpd was built without -tags verbs"} {
 		if !strings.Contains(err.Error(), want) {

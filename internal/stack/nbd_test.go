@@ -1,4 +1,4 @@
-package daemon
+package stack
 
 import (
 	"testing"
@@ -22,7 +22,7 @@ func TestNBDConfig(t *testing.T) {
 		{"off", config.NBDExport{WriteTimeout: config.TimeoutOff()}, 0, -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := nbdConfig(tc.in)
+			got := NBDConfig(tc.in)
 			if got.MaxConnections != tc.conns || got.WriteTimeout != tc.wt {
 				t.Fatalf("MaxConnections %d, WriteTimeout %v; want %d, %v", got.MaxConnections, got.WriteTimeout, tc.conns, tc.wt)
 			}
@@ -38,7 +38,7 @@ func TestNBDConfig(t *testing.T) {
 	// A defaulted export passes the defaults explicitly.
 	e := config.NBDExport{LUN: 0, Socket: "/run/x.nbd"}
 	e.SetDefaults()
-	if got := nbdConfig(e); got.MaxConnections != nbd.DefaultMaxConnections || got.WriteTimeout != nbd.DefaultWriteTimeout {
+	if got := NBDConfig(e); got.MaxConnections != nbd.DefaultMaxConnections || got.WriteTimeout != nbd.DefaultWriteTimeout {
 		t.Fatalf("defaulted export: %+v", got)
 	}
 }

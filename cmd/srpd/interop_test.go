@@ -56,7 +56,7 @@ func TestInteropScript(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	var tout, terr syncBuffer
+	var tout, terr testutil.SyncBuffer
 	tgt := runInteropRole(ctx, t, "target", filepath.Join(dir, "t"), append(common, "SRP_INTEROP_ROLE=target",
 		"SRP_INTEROP_ADDR=127.0.0.1", "SRP_INTEROP_TARGET_PORT_ID=53525000000000035352500000000003",
 		"SRPD_INTEROP_LUN_MIB="+strconv.Itoa(lunMiB)))

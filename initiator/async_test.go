@@ -312,7 +312,7 @@ func TestByteCounters(t *testing.T) {
 	// Commands the target fails (a medium error on every READ(16) and WRITE(16)) count nothing.
 	e.tgt.mu.Lock()
 	e.tgt.refuse = func(cdb []byte) *scsi.Sense {
-		if cdb[0] == opRead16 || cdb[0] == opWrite16 {
+		if cdb[0] == scsi.OpRead16 || cdb[0] == scsi.OpWrite16 {
 			return &scsi.Sense{Key: scsi.MediumError, ASC: 0x11}
 		}
 		return nil

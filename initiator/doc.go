@@ -10,20 +10,32 @@
 // Dial logs in Config.ChCount channels to one target port: channel 0 with MULTI-CHANNEL ACTION
 // SINGLE, the others with MULTI (a reconnecting channel uses SINGLE only when no other channel of
 // the session is up, so that it never terminates a healthy sibling). The SRP_LOGIN_REQ travels
-// in the connection request built by a Dialer (CMDialer over a transport.ConnManager; until
-// softroce has its CM, tests connect QPs out of band), in the 56-byte RDMA CM form or the 64-byte
-// form. Logins negotiate down instead of failing: a target that finds the IU length too large
+// in the connection request built by a Dialer: CMDialer over a transport.ConnManager (softroce's
+// RDMA CM, carried by the IB CM on QP1, or librdmacm on the verbs engine) in the 56-byte RDMA CM
+// form, or a Dialer of one's own in the 64-byte form as well (the tests' connects QPs out of
+// band). Logins negotiate down instead of failing: a target that finds the IU length too large
 // (0x00010002) is asked again with smaller ones (immediate-data and descriptor capacity follow),
 // one that refuses indirect descriptors (0x00010004) with direct ones only; a MAX IT IU LEN below
 // the request is respected. Every other SRP_LOGIN_REJ is returned as a *LoginRejectError; a
 // channel k > 0 that the target refuses for lack of multichannel support is given up, the
 // session goes on with the others.
 //
-// Each channel is one RC QP with one completion queue, polled by one goroutine that also
-// reconnects it; a request table of Config.QueueDepth slots, each with a preallocated IU buffer,
-// a registered-on-demand data buffer (Config.MaxIOSize), MR handles and a completion channel;
-// and an MR pool (frpool) bound to the QP. Tags are the channel index, slot index and a
-// per-slot generation (a late answer to an aborted command is recognised as stale).
+// Each channel is one RC QP with one completion queue; a request table of Config.QueueDepth
+// slots, each with a preallocated IU buffer, a registered-on-demand data buffer
+// (Config.MaxIOSize), MR handles and a completion channel; an MR pool (frpool) bound to the QP;
+// and a goroutine that owns the CQ and reconnects the channel. Tags are the channel index, slot
+// index and a per-slot generation (a late answer to an aborted command is recognised as stale).
+//
+// The CQ's completions go through an internal/cqpoll Poller (completion.go). The channel
+// goroutine polls while it is busy; while it waits, the engine's goroutine that has just added
+// completions (softroce's receive loop, the verbs poller: transport.CompletionHandler) handles
+// them in its place, so an answer reaches its caller without first waking the channel
+// goroutine. On a device that can do its own deliveries on a caller's goroutine (softroce with
+// the target in the same process: transport.Progresser), a command's post is bracketed with
+// the Poller's Hold and Progress, so that the command, the target's answer and its completion
+// are all processed on the posting goroutine. Either way one goroutine at a time handles
+// completions, in CQ order; anything unusual (a failed completion, an error, a target logout)
+// is left to the channel goroutine.
 //
 // Credits: the LOGIN_RSP's REQUEST LIMIT DELTA and every SRP_RSP's delta; a command needs more
 // than one credit (the last is reserved for task management), so submitters wait rather than
@@ -46,8 +58,9 @@
 // slot's data buffer, which the MR pool registers: one MR gives a direct descriptor, several an
 // indirect descriptor whose whole table is in the IU (ib_srpt cannot fetch external tables). The
 // REG_MRs and the SEND that names their keys go out in one all-or-nothing post. A command the
-// target answered completes at once: the channel goroutine signals the waiting caller directly
-// from its completion handling, and the caller copies the data-in (which RC ordering placed in
+// target answered completes at once: whichever goroutine handles the response's completion (see
+// Sessions and channels) signals the waiting caller, or finishes an asynchronous command in the
+// same batch, and the caller copies the data-in (which RC ordering placed in
 // the slot's buffer before the response) while the registrations are invalidated. The slot and
 // its buffer are reused only once every registration is dead — invalidated remotely
 // (SEND_WITH_INV) or by a LOCAL_INV whose completion the pool confirmed — so the target can

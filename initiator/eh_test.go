@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
 	"github.com/srpd/srpd/transport/softroce/link"
 )
@@ -17,7 +18,7 @@ import (
 func holdWrite(tg *tgt, lba uint64) *atomic.Bool {
 	var held atomic.Bool
 	tg.setHold(func(cdb []byte) bool {
-		if cdb[0] == opWrite16 && binary.BigEndian.Uint64(cdb[2:]) == lba {
+		if cdb[0] == scsi.OpWrite16 && binary.BigEndian.Uint64(cdb[2:]) == lba {
 			return held.CompareAndSwap(false, true)
 		}
 		return false
@@ -90,7 +91,7 @@ func TestTimeoutLUNReset(t *testing.T) {
 	// time out resets the LUN, which ends the other one too.
 	var n atomic.Int32
 	e.tgt.setHold(func(cdb []byte) bool {
-		return cdb[0] == opWrite16 && binary.BigEndian.Uint64(cdb[2:]) < 100 && n.Add(1) <= 2
+		return cdb[0] == scsi.OpWrite16 && binary.BigEndian.Uint64(cdb[2:]) < 100 && n.Add(1) <= 2
 	})
 	errc := make(chan error, 2)
 	for i := 0; i < 2; i++ {

@@ -34,7 +34,7 @@ func TestSCSIErrors(t *testing.T) {
 	// A medium error on a read.
 	e.tgt.mu.Lock()
 	e.tgt.refuse = func(cdb []byte) *scsi.Sense {
-		if cdb[0] == opRead16 && binary.BigEndian.Uint64(cdb[2:]) <= 300 && binary.BigEndian.Uint64(cdb[2:])+uint64(binary.BigEndian.Uint32(cdb[10:])) > 300 {
+		if cdb[0] == scsi.OpRead16 && binary.BigEndian.Uint64(cdb[2:]) <= 300 && binary.BigEndian.Uint64(cdb[2:])+uint64(binary.BigEndian.Uint32(cdb[10:])) > 300 {
 			return &scsi.Sense{Key: scsi.MediumError, ASC: 0x11, ASCQ: 0x00, InfoValid: true, Info: 300}
 		}
 		return nil
@@ -74,7 +74,7 @@ func TestReservationConflict(t *testing.T) {
 		param := make([]byte, 24)
 		binary.BigEndian.PutUint64(param, key)
 		binary.BigEndian.PutUint64(param[8:], saKey)
-		cdb := []byte{0x5f, sa, typ, 0, 0, 0, 0, 0, 24, 0}
+		cdb := []byte{scsi.OpPersistentResvOut, sa, typ, 0, 0, 0, 0, 0, 24, 0}
 		_, err := l.Command(ctx, cdb, nil, param)
 		return err
 	}
@@ -161,7 +161,7 @@ func TestBlockOps(t *testing.T) {
 	// A LUN refusing WRITE SAME: zeroes are written with WRITE(16).
 	e.tgt.mu.Lock()
 	e.tgt.refuse = func(cdb []byte) *scsi.Sense {
-		if cdb[0] == opWriteSame16 {
+		if cdb[0] == scsi.OpWriteSame16 {
 			return &scsi.Sense{Key: scsi.IllegalRequest, ASC: 0x20}
 		}
 		return nil

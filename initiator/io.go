@@ -7,7 +7,6 @@ package initiator
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -197,12 +196,10 @@ func (s *Session) fill(j *job, c *channel, ck *chunk) (int, error) {
 	}
 	sp := &j.spec
 	lba := j.lba + uint64(ck.off/j.bs)
-	*sp = cmdSpec{op: j.op, lun: j.lun, lunAddr: j.lunAddr, cdbLen: 16, n: n, lba: lba}
+	*sp = cmdSpec{op: j.op, lun: j.lun, lunAddr: j.lunAddr, n: n, lba: lba}
+	blocks := uint32(n / j.bs)
 	if j.write {
-		sp.cdb[0] = 0x8a // WRITE(16)
-		if j.fua {
-			sp.cdb[1] = 0x08
-		}
+		sp.cdbLen = len(scsi.AppendWrite16(sp.cdb[:0], lba, blocks, j.fua))
 		sp.dir = dirOut
 		if j.zero {
 			sp.zero = true
@@ -210,12 +207,10 @@ func (s *Session) fill(j *job, c *channel, ck *chunk) (int, error) {
 			sp.buf = j.buf[ck.off : ck.off+n]
 		}
 	} else {
-		sp.cdb[0] = 0x88 // READ(16)
+		sp.cdbLen = len(scsi.AppendRead16(sp.cdb[:0], lba, blocks, false))
 		sp.dir = dirIn
 		sp.buf = j.buf[ck.off : ck.off+n]
 	}
-	binary.BigEndian.PutUint64(sp.cdb[2:], lba)
-	binary.BigEndian.PutUint32(sp.cdb[10:], uint32(n/j.bs))
 	return n, nil
 }
 

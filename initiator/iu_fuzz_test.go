@@ -144,13 +144,13 @@ func (h *iuHarness) start(kind int) error {
 	switch kind {
 	case 0:
 	case 1, 3:
-		sp.cdb[0], sp.dir, sp.n = opRead16, dirIn, 4096
+		sp.cdb[0], sp.dir, sp.n = scsi.OpRead16, dirIn, 4096
 		if kind == 3 {
 			sp.n = 512
 		}
 		sp.buf = make([]byte, sp.n)
 	case 2:
-		sp.cdb[0], sp.dir, sp.n = opWrite16, dirOut, 128
+		sp.cdb[0], sp.dir, sp.n = scsi.OpWrite16, dirOut, 128
 		sp.buf = make([]byte, sp.n)
 	}
 	posted, err := c.startCmd(context.Background(), r, &sp, false)

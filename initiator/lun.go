@@ -15,26 +15,13 @@ import (
 	"github.com/srpd/srpd/srp"
 )
 
-// SCSI operation codes the initiator sends.
-const (
-	opTestUnitReady  = 0x00
-	opInquiry        = 0x12
-	opModeSense10    = 0x5a
-	opReadCapacity10 = 0x25
-	opRead16         = 0x88
-	opWrite16        = 0x8a
-	opSyncCache16    = 0x91
-	opWriteSame16    = 0x93
-	opServiceIn16    = 0x9e
-	opUnmap          = 0x42
-	opReportLUNs     = 0xa0
+// defaultMaxWriteSame bounds one WRITE SAME when the LUN reports no limit (Linux sd's
+// SD_MAX_WS16_BLOCKS, torvalds/linux:drivers/scsi/sd.h).
+const defaultMaxWriteSame = 0x7fffff
 
-	saReadCapacity16 = 0x10
-
-	// defaultMaxWriteSame bounds one WRITE SAME when the LUN reports no limit (Linux sd's
-	// SD_MAX_WS16_BLOCKS).
-	defaultMaxWriteSame = 0x7fffff
-)
+// modePageCaching is the Caching mode page (SBC-4 6.5.5), whose MODE SENSE reply carries the
+// WP bit in its header.
+const modePageCaching = 0x08
 
 // LUNInfo is what discovery learned about a logical unit.
 type LUNInfo struct {
@@ -228,8 +215,8 @@ func (l *LUN) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error 
 // Flush makes every completed write durable: SYNCHRONIZE CACHE(16) over the whole LUN.
 func (l *LUN) Flush(ctx context.Context) error {
 	var j job
-	l.single(&j, "SYNCHRONIZE CACHE(16)", dirNone, 16)
-	j.spec.cdb[0] = opSyncCache16
+	l.single(&j, "SYNCHRONIZE CACHE(16)", dirNone)
+	j.spec.cdbLen = len(scsi.AppendSynchronizeCache16(j.spec.cdb[:0], 0, 0, false))
 	return l.s.run(ctx, &j)
 }
 
@@ -258,28 +245,22 @@ func (l *LUN) Discard(ctx context.Context, off, n int64) error {
 	if i.MaxUnmapLBAs > 0 {
 		maxLBAs = uint64(i.MaxUnmapLBAs)
 	}
-	param := make([]byte, 8+16*maxDescs)
+	descs := make([]scsi.UnmapDescriptor, 0, maxDescs)
+	param := make([]byte, 0, 8+16*maxDescs)
 	for lba < end {
-		nd, total := 0, uint64(0)
-		for lba < end && nd < maxDescs && total < maxLBAs {
+		descs = descs[:0]
+		total := uint64(0)
+		for lba < end && len(descs) < maxDescs && total < maxLBAs {
 			cnt := min(end-lba, maxLBAs-total, 0xffffffff)
-			d := param[8+16*nd:]
-			binary.BigEndian.PutUint64(d, lba)
-			binary.BigEndian.PutUint32(d[8:], uint32(cnt))
-			binary.BigEndian.PutUint32(d[12:], 0)
+			descs = append(descs, scsi.UnmapDescriptor{LBA: lba, Blocks: uint32(cnt)})
 			lba += cnt
 			total += cnt
-			nd++
 		}
-		plen := 8 + 16*nd
-		binary.BigEndian.PutUint16(param[0:], uint16(plen-2))
-		binary.BigEndian.PutUint16(param[2:], uint16(16*nd))
-		binary.BigEndian.PutUint32(param[4:], 0)
+		param = scsi.AppendUnmapParams(param[:0], descs)
 		var j job
-		l.single(&j, "UNMAP", dirOut, 10)
-		j.spec.cdb[0] = opUnmap
-		binary.BigEndian.PutUint16(j.spec.cdb[7:], uint16(plen))
-		j.spec.buf, j.spec.n = param[:plen], plen
+		l.single(&j, "UNMAP", dirOut)
+		j.spec.cdbLen = len(scsi.AppendUnmap(j.spec.cdb[:0], uint16(len(param))))
+		j.spec.buf, j.spec.n = param, len(param)
 		if err := l.s.run(ctx, &j); err != nil {
 			return err
 		}
@@ -330,13 +311,8 @@ func (l *LUN) writeSame(ctx context.Context, off, n int64, unmap bool) error {
 	for lba < end {
 		cnt := min(end-lba, maxBlocks)
 		var j job
-		l.single(&j, "WRITE SAME(16)", dirOut, 16)
-		j.spec.cdb[0] = opWriteSame16
-		if unmap {
-			j.spec.cdb[1] = 0x08
-		}
-		binary.BigEndian.PutUint64(j.spec.cdb[2:], lba)
-		binary.BigEndian.PutUint32(j.spec.cdb[10:], uint32(cnt))
+		l.single(&j, "WRITE SAME(16)", dirOut)
+		j.spec.cdbLen = len(scsi.AppendWriteSame16(j.spec.cdb[:0], lba, uint32(cnt), unmap, false))
 		j.spec.n, j.spec.zero, j.spec.lba = l.blockSize, true, lba
 		if err := l.s.run(ctx, &j); err != nil {
 			return err
@@ -361,10 +337,11 @@ func (l *LUN) Reset(ctx context.Context) error {
 	return l.s.resetLUN(i.Number, i.Address, nil, nil, 0)
 }
 
-func (l *LUN) single(j *job, op string, dir dataDir, cdbLen int) {
+// single prepares j for one command to the LUN; the caller encodes its CDB into j.spec.cdb.
+func (l *LUN) single(j *job, op string, dir dataDir) {
 	i := l.info.Load()
 	*j = job{lun: i.Number, lunAddr: i.Address, op: op}
-	j.spec = cmdSpec{op: op, lun: i.Number, lunAddr: i.Address, cdbLen: cdbLen, dir: dir}
+	j.spec = cmdSpec{op: op, lun: i.Number, lunAddr: i.Address, dir: dir}
 }
 
 // command runs one CDB (up to 16 bytes) with optional data.
@@ -467,9 +444,7 @@ func reportLUNs(cmd lunCmd) ([]srp.LUN, error) {
 	for try := 1; ; try++ {
 		buf := make([]byte, size)
 		var cdb [12]byte
-		cdb[0] = opReportLUNs
-		binary.BigEndian.PutUint32(cdb[6:], uint32(size))
-		n, err := cmd(cdb[:], buf)
+		n, err := cmd(scsi.AppendReportLUNs(cdb[:0], 0, uint32(size)), buf)
 		if err != nil {
 			return nil, err
 		}
@@ -499,8 +474,9 @@ func (s *Session) probe(ctx context.Context, a srp.LUN) (*LUNInfo, error) {
 // 0xB0, 0xB2), READ CAPACITY(16) or (10) and MODE SENSE(10). A LUN that is not a direct-access
 // block device fails with errNotDisk, one whose data is malformed or unusable with ErrLUNData.
 func probeLUN(info *LUNInfo, cmd lunCmd) error {
+	var cdb [16]byte // each command's CDB, encoded afresh: cmd does not keep it
 	inq := make([]byte, 96)
-	n, err := cmd([]byte{opInquiry, 0, 0, 0, byte(len(inq)), 0}, inq)
+	n, err := cmd(scsi.AppendInquiry(cdb[:0], false, 0, uint16(len(inq))), inq)
 	if err != nil {
 		return err
 	}
@@ -510,7 +486,7 @@ func probeLUN(info *LUNInfo, cmd lunCmd) error {
 
 	vpd := func(page byte, size int) []byte {
 		b := make([]byte, size)
-		n, err := cmd([]byte{opInquiry, 1, page, byte(size >> 8), byte(size), 0}, b)
+		n, err := cmd(scsi.AppendInquiry(cdb[:0], true, page, uint16(size)), b)
 		if err != nil {
 			return nil
 		}
@@ -530,8 +506,7 @@ func probeLUN(info *LUNInfo, cmd lunCmd) error {
 
 	// Capacity: READ CAPACITY(16), or (10) if the LUN does not know it.
 	rc := make([]byte, 32)
-	cdb := []byte{opServiceIn16, saReadCapacity16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0}
-	n, err = cmd(cdb, rc)
+	n, err = cmd(scsi.AppendReadCapacity16(cdb[:0], uint32(len(rc))), rc)
 	ok := false
 	if err == nil {
 		if ok, err = parseReadCap16(rc[:n], info); err != nil {
@@ -542,7 +517,7 @@ func probeLUN(info *LUNInfo, cmd lunCmd) error {
 	}
 	if !ok {
 		rc10 := make([]byte, 8)
-		n, err := cmd([]byte{opReadCapacity10, 0, 0, 0, 0, 0, 0, 0, 0, 0}, rc10)
+		n, err := cmd(scsi.AppendReadCapacity10(cdb[:0]), rc10)
 		if err != nil {
 			return err
 		}
@@ -561,9 +536,10 @@ func probeLUN(info *LUNInfo, cmd lunCmd) error {
 		info.UnmapSupported = false // SBC: a zero count means UNMAP is not supported
 	}
 
-	// Write protection: the WP bit of the mode parameter header (MODE SENSE(10), caching page).
+	// Write protection: the WP bit of the mode parameter header (MODE SENSE(10) of the caching
+	// page's current values, without block descriptors).
 	ms := make([]byte, 64)
-	if n, err := cmd([]byte{opModeSense10, 0x08, 0x08, 0, 0, 0, 0, 0, byte(len(ms)), 0}, ms); err == nil {
+	if n, err := cmd(scsi.AppendModeSense10(cdb[:0], true, false, 0, modePageCaching, 0, uint16(len(ms))), ms); err == nil {
 		info.ReadOnly, _ = parseModeSenseWP(ms[:n])
 	} else if !errors.Is(err, ErrIllegalRequest) {
 		return err

@@ -113,7 +113,7 @@ func newSeedLUN(tb testing.TB, cfg scsi.LUNConfig, size int64) *scsi.LUN {
 	tb.Cleanup(func() { _ = l.Close() })
 	// The first command of a nexus reports POWER ON: take it now.
 	for range 4 {
-		if _, err := scsiLUNCmd(l)([]byte{opTestUnitReady, 0, 0, 0, 0, 0}, nil); err == nil {
+		if _, err := scsiLUNCmd(l)([]byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil); err == nil {
 			break
 		}
 	}

@@ -78,7 +78,7 @@ type cmdSpec struct {
 	op      string // for errors: "READ(16)", ...
 	lun     uint64
 	lunAddr srp.LUN
-	cdb     [16]byte
+	cdb     [16]byte // the scsi package's encoders append to cdb[:0]: no allocation per command
 	cdbLen  int
 	dir     dataDir
 	n       int    // data bytes

@@ -55,6 +55,9 @@ type tgtConfig struct {
 	blockSize   int
 	qpTimeout   uint8
 	readOnly    bool
+	// LUN limits (0: the scsi package's defaults)
+	maxUnmapLBAs uint32
+	maxWriteSame uint64
 }
 
 func (c *tgtConfig) fill() {
@@ -105,6 +108,10 @@ type tgt struct {
 	tmFor  func(srp.TaskMgmtFunc) tmMode
 	nexus  map[srp.PortID]bool
 
+	// observe sees every command the target executes (not held ones) with its data-out; both
+	// slices are the target's buffers, valid only during the call.
+	observe func(cdb, dataOut []byte)
+
 	stingy      atomic.Bool  // responses return no credit; task management responses return them all
 	violations  atomic.Int64 // commands beyond the credits granted
 	cmds        atomic.Int64
@@ -130,7 +137,8 @@ func newTgt(t testing.TB, dev *softroce.Device, cfg tgtConfig) *tgt {
 			t.Fatal(err)
 		}
 		l, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: cfg.blockSize, Serial: fmt.Sprintf("tgt-lun-%d", i), ReadOnly: cfg.readOnly,
-			MaxTransferLength: uint32(cfg.maxXfer / cfg.blockSize)}, ram)
+			MaxTransferLength: uint32(cfg.maxXfer / cfg.blockSize), MaxUnmapLBACount: cfg.maxUnmapLBAs,
+			MaxWriteSameLength: cfg.maxWriteSame}, ram)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -659,8 +667,11 @@ func (c *tchan) execute(ci int, x *tctx) {
 		cmd.DataIn = x.data[:min(x.total, len(x.data))]
 	}
 	tg.mu.Lock()
-	refuse := tg.refuse
+	refuse, observe := tg.refuse, tg.observe
 	tg.mu.Unlock()
+	if observe != nil {
+		observe(cmd.CDB, cmd.DataOut)
+	}
 	var res scsi.Result
 	if sn := (*scsi.Sense)(nil); refuse != nil {
 		sn = refuse(x.cdb[:x.cdbLen])

@@ -64,9 +64,49 @@ func AppendWriteSame16(dst []byte, lba uint64, blocks uint32, unmap, ndob bool) 
 }
 
 // AppendUnmap appends UNMAP (SBC-3 5.28): 10 bytes, the parameter list of paramLen bytes (an
-// 8-byte header and 16 bytes per block descriptor) to follow as data-out.
+// 8-byte header and 16 bytes per block descriptor: AppendUnmapParams) to follow as data-out.
 func AppendUnmap(dst []byte, paramLen uint16) []byte {
 	return append(dst, OpUnmap, 0, 0, 0, 0, 0, 0, uint8(paramLen>>8), uint8(paramLen), 0)
+}
+
+// UnmapDescriptor is one UNMAP block descriptor (SBC-4 5.32.2): Blocks logical blocks from LBA
+// are to be unmapped (0 blocks: none).
+type UnmapDescriptor struct {
+	LBA    uint64
+	Blocks uint32
+}
+
+// MaxUnmapParamDescriptors is the most block descriptors one UNMAP parameter list can hold: its
+// length, 8 + 16 per descriptor, must fit the CDB's 16-bit PARAMETER LIST LENGTH.
+const MaxUnmapParamDescriptors = (0xFFFF - unmapParamHeaderLen) / unmapDescriptorLen
+
+const (
+	unmapParamHeaderLen = 8
+	unmapDescriptorLen  = 16
+)
+
+// AppendUnmapParams appends the UNMAP parameter list (SBC-4 5.32.2) for descs, the data-out of
+// the UNMAP that AppendUnmap encodes with paramLen the list's length: an 8-byte header (UNMAP
+// DATA LENGTH, the bytes after that field; UNMAP BLOCK DESCRIPTOR DATA LENGTH; 4 reserved),
+// then per descriptor its LBA (8 bytes), NUMBER OF LOGICAL BLOCKS (4) and 4 reserved bytes, as
+// Linux sd builds its one-descriptor list (drivers/scsi/sd.c sd_setup_unmap_cmnd). Appending
+// into a buffer with room does not allocate. More than MaxUnmapParamDescriptors descriptors
+// do not fit an UNMAP command: that panics.
+func AppendUnmapParams(dst []byte, descs []UnmapDescriptor) []byte {
+	if len(descs) > MaxUnmapParamDescriptors {
+		panic("scsi: AppendUnmapParams: more block descriptors than one UNMAP parameter list holds")
+	}
+	descLen := unmapDescriptorLen * len(descs)
+	dst, h := grow(dst, unmapParamHeaderLen)
+	binary.BigEndian.PutUint16(h[0:], uint16(unmapParamHeaderLen-2+descLen))
+	binary.BigEndian.PutUint16(h[2:], uint16(descLen))
+	for _, d := range descs {
+		var c []byte
+		dst, c = grow(dst, unmapDescriptorLen)
+		binary.BigEndian.PutUint64(c[0:], d.LBA)
+		binary.BigEndian.PutUint32(c[8:], d.Blocks)
+	}
+	return dst
 }
 
 // AppendModeSense10 appends MODE SENSE(10) (SPC-4 6.14): 10 bytes. dbd asks for no block

@@ -2,6 +2,7 @@ package scsi
 
 import (
 	"bytes"
+	"encoding/binary"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -90,11 +91,14 @@ func TestEncodersAppend(t *testing.T) {
 	if c := AppendReportLUNs(a[:0], 0, 64); !bytes.Equal(c, cdbReportLUNs(0, 64)) {
 		t.Fatalf("REPORT LUNS over stale bytes: % x", c)
 	}
+	var params [8 + 16*2]byte
+	descs := [2]UnmapDescriptor{{LBA: 1, Blocks: 2}, {LBA: 10, Blocks: 20}}
 	n := testing.AllocsPerRun(100, func() {
 		_ = AppendWrite16(a[:0], 1, 2, true)
 		_ = AppendWriteSame16(a[:0], 1, 2, true, false)
 		_ = AppendUnmap(a[:0], 24)
 		_ = AppendInquiry(a[:0], true, 0xB0, 64)
+		_ = AppendUnmapParams(params[:0], descs[:])
 	})
 	if n != 0 {
 		t.Fatalf("%v allocs", n)
@@ -124,4 +128,77 @@ func TestReadWrite16RoundTrip(t *testing.T) {
 			rt.Fatalf("% x: %+v, %v", cdb, i, err)
 		}
 	})
+}
+
+// TestUnmapParamsRoundTrip: AppendUnmapParams gives the bytes of the tests' own builder
+// (unmapParams), and the LUN's UNMAP, reading the list with AppendUnmap's CDB, unmaps exactly
+// the blocks the descriptors name: every other block keeps its data.
+func TestUnmapParamsRoundTrip(t *testing.T) {
+	cfg := testConfig()
+	l, m := newTestLUN(t, cfg)
+	bs := l.BlockSize()
+	rapid.Check(t, func(rt *rapid.T) {
+		nd := rapid.IntRange(0, int(cfg.MaxUnmapDescriptors)).Draw(rt, "descriptors")
+		descs := make([]UnmapDescriptor, nd)
+		ranges := make([][2]uint64, nd)
+		left := uint64(cfg.MaxUnmapLBACount)
+		for k := range descs {
+			lba := rapid.Uint64Range(0, testBlocks-1).Draw(rt, "lba")
+			n := rapid.Uint64Range(0, min(left, testBlocks-lba)).Draw(rt, "blocks")
+			left -= n
+			descs[k] = UnmapDescriptor{LBA: lba, Blocks: uint32(n)}
+			ranges[k] = [2]uint64{lba, n}
+		}
+		pre := []byte{0xEE}
+		p := AppendUnmapParams(pre, descs)
+		if p[0] != 0xEE || !bytes.Equal(p[1:], unmapParams(ranges...)) {
+			rt.Fatalf("% x; the test builder gives % x", p[1:], unmapParams(ranges...))
+		}
+		p = p[1:]
+
+		m.mu.Lock()
+		for k := range m.data {
+			m.data[k] = 0xFF
+		}
+		m.mu.Unlock()
+		r, _ := do(l, nexA, AppendUnmap(nil, uint16(len(p))), p, 0)
+		if r.Status != StatusGood {
+			rt.Fatalf("UNMAP of %v: %v %v", descs, r.Status, r.Sense)
+		}
+		unmapped := make([]bool, testBlocks)
+		for _, d := range descs {
+			for b := d.LBA; b < d.LBA+uint64(d.Blocks); b++ {
+				unmapped[b] = true
+			}
+		}
+		m.mu.RLock()
+		defer m.mu.RUnlock()
+		for b, u := range unmapped {
+			blk := m.data[b*bs : (b+1)*bs]
+			if want := fill(bs, 0xFF); u {
+				want = make([]byte, bs)
+				if !bytes.Equal(blk, want) {
+					rt.Fatalf("block %d of %v kept its data", b, descs)
+				}
+			} else if !bytes.Equal(blk, want) {
+				rt.Fatalf("block %d lost its data to %v", b, descs)
+			}
+		}
+	})
+}
+
+// TestUnmapParamsLimit: the largest list still has its length in 16 bits; one more descriptor
+// panics rather than wrap the header's lengths.
+func TestUnmapParamsLimit(t *testing.T) {
+	p := AppendUnmapParams(nil, make([]UnmapDescriptor, MaxUnmapParamDescriptors))
+	if len(p) > 0xFFFF || int(binary.BigEndian.Uint16(p)) != len(p)-2 ||
+		int(binary.BigEndian.Uint16(p[2:])) != len(p)-8 {
+		t.Fatalf("%d bytes, header % x", len(p), p[:8])
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("no panic")
+		}
+	}()
+	AppendUnmapParams(nil, make([]UnmapDescriptor, MaxUnmapParamDescriptors+1))
 }

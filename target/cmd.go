@@ -129,12 +129,16 @@ func (ch *channel) handleCmd(slot int, b []byte) bool {
 	c.cmd.WriteProtected = ch.view.isReadOnly(c.lun)
 	info, perr := set.Parse(&c.cmd) // Execute reuses this parse
 	c.info, c.cdbErr = info, perr != nil
-	var refused scsi.Sense
-	if errors.As(perr, &refused) && refused.Key == scsi.DataProtect {
-		// A write to a LUN this initiator's ACL maps read-only: answered at once, before any
-		// data moves or the command enters the task set.
-		ch.respondPre(c, scsi.StatusCheckCondition, &refused)
-		return true
+	if perr != nil {
+		// refused escapes (errors.As takes its address): declared here, it costs an allocation
+		// only for a CDB the parse refused, not for every command.
+		var refused scsi.Sense
+		if errors.As(perr, &refused) && refused.Key == scsi.DataProtect {
+			// A write to a LUN this initiator's ACL maps read-only: answered at once, before
+			// any data moves or the command enters the task set.
+			ch.respondPre(c, scsi.StatusCheckCondition, &refused)
+			return true
+		}
 	}
 	if !c.cdbErr && uint64(info.Length) > uint64(ch.maxXfer) {
 		ch.respondPre(c, scsi.StatusCheckCondition, &senseTooLong)

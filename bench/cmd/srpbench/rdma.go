@@ -10,7 +10,7 @@ package main
 //	    address, rkey and length go to the peer in the CM REP. The server then does nothing
 //	    but let its engine answer: an RDMA WRITE or READ needs no work from the responder's
 //	    application. Writes "udp=ADDR:PORT pid=PID" to FILE once listening.
-//	srpbench tcp-server -ready FILE [-addr 127.0.0.1]
+//	srpbench tcp-server -ready FILE [-addr 127.0.0.1] [-max-size 16m]
 //	    A TCP server on ADDR (ephemeral port) speaking tcpHeader's protocol: for a "write"
 //	    stream it reads messages and acknowledges each with 8 bytes once it has all of it (as an
 //	    RDMA WRITE's ACK comes once the responder placed the data); for a "read" stream it
@@ -64,8 +64,8 @@ const (
 	// userHZ is the unit of utime and stime in /proc/PID/stat (USER_HZ, 100 on every Linux
 	// architecture's ABI: torvalds/linux:include/asm-generic/param.h).
 	userHZ = 100
-	// tcpHeaderLen is the TCP stream's header: op ('W' or 'R'), 3 zero bytes, message size
-	// (uint32, big-endian).
+	// tcpHeaderLen is the TCP stream's header: op ('W' or 'R'), a zero byte, the messages in
+	// flight (uint16, big-endian), the message size (uint32, big-endian).
 	tcpHeaderLen = 8
 	tcpAckLen    = 8
 )
@@ -225,7 +225,7 @@ func runTCPServer(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("tcp-server", flag.ContinueOnError)
 	addrS := fs.String("addr", "127.0.0.1", "loopback or private address to listen on")
 	ready := fs.String("ready", "", "file to write \"tcp=ADDR:PORT pid=PID\" to once listening")
-	maxSizeS := fs.String("max-size", "16m", "largest message accepted")
+	maxSizeS := fs.String("max-size", "16m", "largest buffer a stream may ask for (messages in flight × message size)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -288,16 +288,18 @@ func serveTCPConn(c *net.TCPConn, maxSize int) error {
 	if _, err := io.ReadFull(c, hdr[:]); err != nil {
 		return err
 	}
+	qd := int(binary.BigEndian.Uint16(hdr[2:]))
 	size := int(binary.BigEndian.Uint32(hdr[4:]))
-	if size < 1 || size > maxSize {
-		return fmt.Errorf("message size %d", size)
+	if size < 1 || qd < 1 || qd > rdmaMaxRd || qd*size > maxSize {
+		return fmt.Errorf("%d messages of %d bytes", qd, size)
 	}
-	buf := make([]byte, size)
+	// qd slots in turn, as the RDMA server's buffer is used: the same memory footprint.
+	slots := make([]byte, qd*size)
 	var ack [tcpAckLen]byte
 	switch hdr[0] {
 	case 'W':
-		for {
-			if _, err := io.ReadFull(c, buf); err != nil {
+		for i := 0; ; i = (i + 1) % qd {
+			if _, err := io.ReadFull(c, slots[i*size:(i+1)*size]); err != nil {
 				return err
 			}
 			if _, err := c.Write(ack[:]); err != nil {
@@ -305,11 +307,11 @@ func serveTCPConn(c *net.TCPConn, maxSize int) error {
 			}
 		}
 	case 'R':
-		for {
+		for i := 0; ; i = (i + 1) % qd {
 			if _, err := io.ReadFull(c, ack[:]); err != nil {
 				return err
 			}
-			if _, err := c.Write(buf); err != nil {
+			if _, err := c.Write(slots[i*size : (i+1)*size]); err != nil {
 				return err
 			}
 		}
@@ -608,6 +610,7 @@ func tcpStream(ctx context.Context, to netip.AddrPort, sc streamCase, moved *ato
 	if sc.write {
 		hdr[0] = 'W'
 	}
+	binary.BigEndian.PutUint16(hdr[2:], uint16(sc.qd))
 	binary.BigEndian.PutUint32(hdr[4:], uint32(sc.size))
 	if _, err := c.Write(hdr[:]); err != nil {
 		_ = c.Close()
@@ -642,19 +645,21 @@ func tcpStream(ctx context.Context, to netip.AddrPort, sc streamCase, moved *ato
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
+	// Messages come from (write) or go to (read) qd slots in turn, as the RDMA stream's do:
+	// the same memory footprint on the client.
+	slots := make([]byte, sc.qd*sc.size)
 	go func() { // sender
 		defer wg.Done()
-		msg := make([]byte, sc.size)
 		var req [tcpAckLen]byte
-		out := req[:]
-		if sc.write {
-			out = msg
-		}
-		for {
+		for i := 0; ; i = (i + 1) % sc.qd {
 			select {
 			case <-tokens:
 			case <-quit:
 				return
+			}
+			out := req[:]
+			if sc.write {
+				out = slots[i*sc.size : (i+1)*sc.size]
 			}
 			if _, err := c.Write(out); err != nil {
 				end(fmt.Errorf("send: %w", err))
@@ -664,11 +669,12 @@ func tcpStream(ctx context.Context, to netip.AddrPort, sc streamCase, moved *ato
 	}()
 	go func() { // receiver
 		defer wg.Done()
-		in := make([]byte, tcpAckLen)
-		if !sc.write {
-			in = make([]byte, sc.size)
-		}
-		for {
+		var ack [tcpAckLen]byte
+		for i := 0; ; i = (i + 1) % sc.qd {
+			in := ack[:]
+			if !sc.write {
+				in = slots[i*sc.size : (i+1)*sc.size]
+			}
 			if _, err := io.ReadFull(c, in); err != nil {
 				end(fmt.Errorf("receive: %w", err))
 				return

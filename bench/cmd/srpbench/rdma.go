@@ -813,12 +813,15 @@ func runRDMAStream(ctx context.Context, args []string) error {
 					st1 := dev.Stats()
 					res.retx, res.timeouts = st1.Retransmits-st0.Retransmits, st1.Timeouts-st0.Timeouts
 				}
-				k := key{sc, isTCP}
-				results[k] = append(results[k], res)
 				kind, extra := "softroce", fmt.Sprintf(" retx=%d timeouts=%d", res.retx, res.timeouts)
 				if isTCP {
 					kind, extra = "tcp", ""
 				}
+				if res.bytes <= 0 {
+					return fmt.Errorf("%s %s size %d qd %d: no message completed in %v", kind, sc.op(), sc.size, sc.qd, res.wall)
+				}
+				k := key{sc, isTCP}
+				results[k] = append(results[k], res)
 				fmt.Printf("stream round=%d kind=%s op=%s size=%d qd=%d gbps=%.3f client_cpu_s_per_gb=%.3f server_cpu_s_per_gb=%.3f bytes=%d wall_s=%.2f%s\n",
 					round, kind, sc.op(), sc.size, sc.qd, res.gbps(), cpuPerGB(res.selfCPU, res.bytes),
 					cpuPerGB(res.serverCPU, res.bytes), res.bytes, res.wall.Seconds(), extra)

@@ -120,6 +120,40 @@ for p in $NETNS_PARTS; do
 done
 netns_wants() { [[ " $NETNS_PARTS " == *" $1 "* ]]; }
 
+# Our set-ups, from OURS: spec (MODE[:GOMAXPROCS][+FLAG...]) by column name, in order.
+declare -A our_spec=()
+our_cols=()
+nx=0
+for spec in $OURS; do
+  base=${spec%%+*}
+  mode=${base%%:*}
+  case $mode in
+    local) col="ours" ;;
+    localcopy) col="ours-copy" ;;
+    split) col="ours-2proc" ;;
+    *) echo "bench.sh: OURS entry $spec: mode must be local, localcopy or split" >&2; exit 2 ;;
+  esac
+  [[ $base == *:* ]] && col+=-gmp${base#*:}
+  if [[ $spec == *+* ]]; then
+    nx=$((nx + 1))
+    col+=-x$nx
+  fi
+  [[ -z ${our_spec[$col]:-} ]] || { echo "bench.sh: OURS has $col twice" >&2; exit 2; }
+  our_spec[$col]=$spec
+  our_cols+=("$col")
+done
+baselines=(qemu-nbd nbdkit qemu-nbd-tcp nbdkit-tcp)
+if [[ -n $SERVERS ]]; then
+  for s in $SERVERS; do
+    if [[ -z ${our_spec[$s]:-} && " ${baselines[*]} " != *" $s "* ]]; then
+      echo "bench.sh: SERVERS: $s is neither one of OURS's columns (${our_cols[*]}) nor a baseline (${baselines[*]})" >&2
+      exit 2
+    fi
+  done
+fi
+# shellcheck disable=SC2317 # false positive of shellcheck 0.9: called from nbd_compare
+selected() { [[ -z $SERVERS || " $SERVERS " == *" $1 "* ]]; }
+
 # The Debian package of each tool the sections use.
 declare -A pkg_of=([fio]=fio [qemu-nbd]=qemu-utils [nbdkit]=nbdkit [nbdcopy]=libnbd-bin
   [nbdinfo]=libnbd-bin [jq]=jq [openssl]=openssl [ip]=iproute2 [ss]=iproute2)
@@ -169,6 +203,15 @@ forget() { # PID...: drop from the cleanup list
 # The network namespace and veth pair of the netns section (empty: none made).
 ns=""
 veth_r=""
+# netns_delete: remove the namespace and the veth pair, if made (bounded; also at exit).
+# shellcheck disable=SC2317 # also called by cleanup from the EXIT trap
+netns_delete() {
+  if [[ -n $veth_r ]]; then timeout 10 ip link del "$veth_r" 2>/dev/null || true; fi
+  if [[ -n $ns ]]; then timeout 10 ip netns del "$ns" 2>/dev/null || true; fi
+  ns=""
+  veth_r=""
+  nsexec=()
+}
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
   [[ ${#pids[@]} -gt 0 ]] && stop "${pids[@]}"
@@ -226,36 +269,6 @@ start_target() {
   tudp=$(sed -n 's/.*udp=\([^ ]*\).*/\1/p' "$work/$name.ready")
 }
 
-# Our set-ups, from OURS: spec (MODE[:GOMAXPROCS][+FLAG...]) by column name, in order.
-declare -A our_spec=()
-our_cols=()
-nx=0
-for spec in $OURS; do
-  base=${spec%%+*}
-  mode=${base%%:*}
-  case $mode in
-    local) col="ours" ;;
-    localcopy) col="ours-copy" ;;
-    split) col="ours-2proc" ;;
-    *) echo "bench.sh: OURS entry $spec: mode must be local, localcopy or split" >&2; exit 2 ;;
-  esac
-  [[ $base == *:* ]] && col+=-gmp${base#*:}
-  if [[ $spec == *+* ]]; then
-    nx=$((nx + 1))
-    col+=-x$nx
-  fi
-  [[ -z ${our_spec[$col]:-} ]] || { echo "bench.sh: OURS has $col twice" >&2; exit 2; }
-  our_spec[$col]=$spec
-  our_cols+=("$col")
-done
-baselines=(qemu-nbd nbdkit qemu-nbd-tcp nbdkit-tcp)
-if [[ -n $SERVERS ]]; then
-  for s in $SERVERS; do
-    [[ -n ${our_spec[$s]:-} || " ${baselines[*]} " == *" $s "* ]] ||
-      { echo "bench.sh: SERVERS: $s is neither one of OURS's columns (${our_cols[*]}) nor a baseline (${baselines[*]})" >&2; exit 2; }
-  done
-fi
-selected() { [[ -z $SERVERS || " $SERVERS " == *" $1 "* ]]; }
 
 # ---------------------------------------------------------------------------------------------
 # median LIST: the median of a space-separated list of numbers.
@@ -634,10 +647,17 @@ rdma_compare() {
   local nstreams limit
   nstreams=$(($(tr ',' '\n' <<<"$RDMA_OPS" | grep -c .) * $(tr ',' '\n' <<<"$RDMA_SIZES" | grep -c .) * $(tr ',' '\n' <<<"$RDMA_QDS" | grep -c .) * 2 * REPEAT))
   limit=$(jq -n "($RDMA_TIME + $RDMA_WARMUP + 5) * $nstreams + 120 | ceil")
-  if ! timeout "$limit" "$bin" rdma -rdma-target "$rudp" -rdma-pid "$rpid" -tcp-target "$ttcp" -tcp-pid "$tpid" \
+  # In the background, waited for: a signal to this script then stops it at once (the EXIT
+  # trap), not after the run.
+  timeout "$limit" "$bin" rdma -rdma-target "$rudp" -rdma-pid "$rpid" -tcp-target "$ttcp" -tcp-pid "$tpid" \
     -addr "$ini_addr" -mtu "$pmtu" -ops "$RDMA_OPS" -sizes "$RDMA_SIZES" -qds "$RDMA_QDS" \
     -time "${RDMA_TIME}s" -warmup "${RDMA_WARMUP}s" -repeat "$REPEAT" -label "$label, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)" \
-    2>"$work/rdma-client.log"; then
+    2>"$work/rdma-client.log" &
+  local cpid=$! crc=0
+  pids+=("$cpid")
+  wait "$cpid" || crc=$?
+  forget "$cpid"
+  if ((crc != 0)); then
     echo "bench.sh: srpbench rdma failed; its log, then the servers':" >&2
     cat "$work/rdma-client.log" "$work/rdma-server.log" "$work/tcp-server.log" >&2 || true
     exit 1
@@ -713,15 +733,6 @@ netns_mtu() {
   done
   echo "bench.sh: veth $veth_r is not up after 10 s" >&2
   return 1
-}
-
-# shellcheck disable=SC2317 # also called by cleanup from the EXIT trap
-netns_delete() {
-  [[ -n $veth_r ]] && { timeout 10 ip link del "$veth_r" 2>/dev/null || true; }
-  [[ -n $ns ]] && { timeout 10 ip netns del "$ns" 2>/dev/null || true; }
-  ns=""
-  veth_r=""
-  nsexec=()
 }
 
 netns_section() {

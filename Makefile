@@ -51,15 +51,22 @@ model:
 	$(GO) test -count=1 -run 'TestModelSoftroce$$' ./frpool/ -rapid.checks=$(MODEL_CHECKS) -rapid.nofailfile
 
 # make bench: bench/bench.sh, srpd's NBD export of a remote LUN (SRP target and initiator
-# processes over softroce on loopback) against qemu-nbd and nbdkit with fio, then the target's
-# memory with 1 and 64 sessions (settings through the environment: see bench/bench.sh).
-# bench-nbd and bench-mem run one section each; bench-go the Go micro-benchmarks with
-# allocation counts (compare runs with benchstat).
-.PHONY: bench-nbd bench-mem bench-go
+# processes over softroce on loopback) against qemu-nbd and nbdkit over unix sockets and TCP
+# with fio; softroce's RDMA WRITE/READ streams against a TCP stream between two processes; the
+# same in a "two hosts" set-up (servers in a network namespace behind a veth pair, MTU 9000 and
+# 1500; root, SKIPPED otherwise); then the target's memory with 1 and 64 sessions (settings
+# through the environment: see bench/bench.sh). bench-nbd, bench-rdma, bench-netns and
+# bench-mem run one section each; bench-go the Go micro-benchmarks with allocation counts
+# (compare runs with benchstat).
+.PHONY: bench-nbd bench-rdma bench-netns bench-mem bench-go
 bench:
 	bench/bench.sh
 bench-nbd:
 	bench/bench.sh nbd
+bench-rdma:
+	bench/bench.sh rdma
+bench-netns:
+	bench/bench.sh netns
 bench-mem:
 	bench/bench.sh mem
 bench-go:

@@ -1,22 +1,27 @@
 // Command srpbench is the helper program of bench/bench.sh (make bench): the SRP target and the
-// SRP initiator with its NBD export as two processes over softroce on UDP loopback, and a
-// memory probe that logs many sessions in to a target process and reads its resident size.
+// SRP initiator with its NBD export as two processes over softroce on UDP loopback (or across
+// a veth pair into a network namespace), a memory probe that logs many sessions in to a target
+// process and reads its resident size, and a transport benchmark (RDMA WRITE / READ streams
+// between two processes beside a TCP stream of the same bytes).
 //
-//	srpbench target -ready FILE [-stats-socket PATH] [-lun-size 1G] [-qd 128] [-cpuprofile F]
-//	    An SRP target with one RAM LUN on a softroce device bound to 127.0.0.1 (ephemeral UDP
-//	    port). Once it listens it writes "udp=127.0.0.1:PORT pid=PID" to FILE. With
+//	srpbench target -ready FILE [-addr 127.0.0.1] [-mtu 4096] [-stats-socket PATH] [-lun-size 1G] [-qd 128]
+//	    An SRP target with one RAM LUN on a softroce device bound to -addr (ephemeral UDP
+//	    port). Once it listens it writes "udp=ADDR:PORT pid=PID" to FILE. With
 //	    -stats-socket, every connection to that unix socket gets one JSON line: the process'
 //	    VmRSS/VmHWM, Go runtime memory and the target's statistics.
-//	srpbench nbd -target 127.0.0.1:PORT -socket PATH [-export disk] [-channels 2] [-qd 64]
+//	srpbench nbd -target ADDR:PORT -socket PATH [-addr LOCAL] [-mtu 4096] [-export disk] [-channels 2] [-qd 64]
 //	    An SRP initiator session with the target (RDMA CM over softroce) whose LUN 0 is served
 //	    as an NBD export on a unix socket (package initiator/nbd), as srpd would.
 //	srpbench mem -target 127.0.0.1:PORT -pid PID -stats-socket PATH [-sessions 64] [-channels 2]
 //	    Logs in -sessions sessions of -channels channels at queue depth -qd, fills the LUN, then
 //	    runs random I/O and prints the target process' VmRSS (from /proc/PID/status) after the
 //	    logins, after N and after 10N I/Os.
+//	srpbench rdma-server / tcp-server / rdma: the transport benchmark (rdma.go).
+//	srpbench free-port -addr ADDR: a TCP port free on ADDR, below the ephemeral range.
 //
 // Every mode runs until its work is done or SIGINT/SIGTERM, bounds every wait, starts no
-// process and signals none, and uses loopback addresses and unix sockets only.
+// process and signals none, and uses unix sockets and loopback or private addresses only
+// (benchAddr): the network-namespace set-up of bench.sh puts a private /30 on a veth pair.
 package main
 
 import (
@@ -51,6 +56,8 @@ import (
 	"github.com/srpd/srpd/internal/stack"
 	"github.com/srpd/srpd/srp"
 	"github.com/srpd/srpd/target"
+	"github.com/srpd/srpd/transport"
+	"github.com/srpd/srpd/transport/softroce"
 )
 
 const (
@@ -61,7 +68,7 @@ const (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: srpbench target|nbd|mem|lat|udp-echo|udp-ping [flags]")
+		fmt.Fprintln(os.Stderr, "usage: srpbench target|nbd|mem|lat|udp-echo|udp-ping|rdma-server|tcp-server|rdma|free-port [flags]")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -80,6 +87,14 @@ func main() {
 		err = runUDPEcho(ctx, os.Args[2:])
 	case "udp-ping":
 		err = runUDPPing(ctx, os.Args[2:])
+	case "rdma-server":
+		err = runRDMAServer(ctx, os.Args[2:])
+	case "tcp-server":
+		err = runTCPServer(ctx, os.Args[2:])
+	case "rdma":
+		err = runRDMAStream(ctx, os.Args[2:])
+	case "free-port":
+		err = runFreePort(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
@@ -158,9 +173,12 @@ func writeReady(path, s string) error {
 }
 
 // openDevice opens a softroce transport (internal/stack, as srpd does) on addr with an
-// ephemeral UDP port.
-func openDevice(ctx context.Context, name string, addr netip.Addr, maxMR int, log *zap.Logger) (*stack.Transport, netip.AddrPort, error) {
-	tr, err := stack.OpenTransport(ctx, config.Transport{Name: name, Driver: config.DriverSoftRoCE, Address: addr.String()},
+// ephemeral UDP port. mtu is the largest path MTU the device offers when it dials (0:
+// softroce's default, 4096); softroce caps the offer by the MTU of the interface holding addr
+// as rxe does (iboe_get_mtu: a 9000-byte veth gets 4096, a 1500-byte one 1024), and the
+// accepting side takes the REQ's.
+func openDevice(ctx context.Context, name string, addr netip.Addr, mtu transport.MTU, maxMR int, log *zap.Logger) (*stack.Transport, netip.AddrPort, error) {
+	tr, err := stack.OpenTransport(ctx, config.Transport{Name: name, Driver: config.DriverSoftRoCE, Address: addr.String(), MTU: mtu.Bytes()},
 		stack.TransportOptions{Logger: log, MaxQP: 4096, MaxMR: maxMR})
 	if err != nil {
 		return nil, netip.AddrPort{}, err
@@ -168,13 +186,36 @@ func openDevice(ctx context.Context, name string, addr netip.Addr, maxMR int, lo
 	return tr, tr.Bound, nil
 }
 
+// softroceOf is the softroce device of a transport openDevice opened.
+func softroceOf(tr *stack.Transport) *softroce.Device { return tr.Device.(*softroce.Device) }
+
 func closeDevice(dev *stack.Transport) { dev.Close(context.Background()) }
 
-func loopback(a netip.Addr) error {
-	if !a.IsLoopback() {
-		return fmt.Errorf("%v is not a loopback address", a)
+// benchAddr accepts the addresses the benchmark may use: loopback, or private (RFC 1918, ULA),
+// which bench.sh's network-namespace set-up puts on both ends of a veth pair. Anything else
+// would send benchmark traffic out of the host.
+func benchAddr(a netip.Addr) error {
+	if !a.IsLoopback() && !a.IsPrivate() {
+		return fmt.Errorf("%v is neither a loopback nor a private address", a)
 	}
 	return nil
+}
+
+// mtuFlag registers -mtu (a path MTU in bytes; 0: the device default).
+func mtuFlag(fs *flag.FlagSet) *int {
+	return fs.Int("mtu", 0, "largest RoCE path MTU the softroce device offers when dialling: 256..4096 bytes (0: 4096, capped by the interface's MTU)")
+}
+
+// parseMTU maps -mtu's bytes to the enum (0 stays 0: the device default).
+func parseMTU(n int) (transport.MTU, error) {
+	if n == 0 {
+		return 0, nil
+	}
+	m := transport.MTUFromBytes(n)
+	if m == 0 {
+		return 0, fmt.Errorf("-mtu %d: want 256, 512, 1024, 2048 or 4096", n)
+	}
+	return m, nil
 }
 
 // ---- target ----
@@ -235,7 +276,8 @@ func serveTarget(dev *stack.Transport, addr netip.Addr, o targetOpts, log *zap.L
 
 func runTarget(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("target", flag.ContinueOnError)
-	addrS := fs.String("addr", "127.0.0.1", "loopback address to bind the RoCEv2 UDP socket on")
+	addrS := fs.String("addr", "127.0.0.1", "loopback or private address to bind the RoCEv2 UDP socket on")
+	mtuB := mtuFlag(fs)
 	ready := fs.String("ready", "", "file to write \"udp=ADDR:PORT pid=PID\" to once listening")
 	statsSock := fs.String("stats-socket", "", "unix socket answering each connection with a JSON line of memory figures and statistics")
 	var to targetOpts
@@ -254,7 +296,11 @@ func runTarget(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := loopback(addr); err != nil {
+	if err := benchAddr(addr); err != nil {
+		return err
+	}
+	mtu, err := parseMTU(*mtuB)
+	if err != nil {
 		return err
 	}
 	if err := to.parse(*portID); err != nil {
@@ -267,7 +313,7 @@ func runTarget(ctx context.Context, args []string) error {
 	}
 	defer stopProf()
 
-	dev, udp, err := openDevice(ctx, "bench-target", addr, 0, log.Named("softroce"))
+	dev, udp, err := openDevice(ctx, "bench-target", addr, mtu, 0, log.Named("softroce"))
 	if err != nil {
 		return err
 	}
@@ -374,7 +420,7 @@ type sessOpts struct {
 }
 
 func (o *sessOpts) flags(fs *flag.FlagSet) (targetS, portID *string) {
-	targetS = fs.String("target", "", "the target device's RoCEv2 UDP address (127.0.0.1:PORT, from its ready file)")
+	targetS = fs.String("target", "", "the target device's RoCEv2 UDP address (ADDR:PORT, from its ready file)")
 	portID = fs.String("port-id", defaultPortID, "SRP target port identifier (32 hex digits)")
 	fs.IntVar(&o.channels, "channels", 2, "channels per session")
 	fs.IntVar(&o.qd, "qd", 64, "queue depth per channel")
@@ -387,7 +433,7 @@ func (o *sessOpts) parse(targetS, portID string) error {
 	if o.target, err = netip.ParseAddrPort(targetS); err != nil {
 		return fmt.Errorf("-target %q: %w", targetS, err)
 	}
-	if err := loopback(o.target.Addr()); err != nil {
+	if err := benchAddr(o.target.Addr()); err != nil {
 		return err
 	}
 	o.portID, err = srp.ParsePortID(portID)
@@ -417,7 +463,8 @@ func runNBD(ctx context.Context, args []string) error {
 	var o sessOpts
 	targetS, portID := o.flags(fs)
 	local := fs.Bool("local", false, "run the target in this process, on the same softroce device (as srpd's loopback demo does): no -target")
-	addrS := fs.String("addr", "127.0.0.1", "with -local: loopback address to bind the RoCEv2 UDP socket on")
+	addrS := fs.String("addr", "", "address to bind the RoCEv2 UDP socket on (default: with -local 127.0.0.1, otherwise the target's address)")
+	mtuB := mtuFlag(fs)
 	var to targetOpts
 	to.flags(fs, "target-qd")
 	sock := fs.String("socket", "", "unix socket of the NBD server")
@@ -447,20 +494,27 @@ func runNBD(ctx context.Context, args []string) error {
 		return errors.New("-socket is required")
 	}
 	log := newLog(*verbose)
+	mtu, err := parseMTU(*mtuB)
+	if err != nil {
+		return err
+	}
 	var dev *stack.Transport
 	if *local {
+		if *addrS == "" {
+			*addrS = "127.0.0.1"
+		}
 		addr, err := netip.ParseAddr(*addrS)
 		if err != nil {
 			return err
 		}
-		if err := loopback(addr); err != nil {
+		if err := benchAddr(addr); err != nil {
 			return err
 		}
 		if err := to.parse(*portID); err != nil {
 			return err
 		}
 		o.portID = to.portID
-		d, udp, err := openDevice(ctx, "bench-local", addr, 0, log.Named("softroce"))
+		d, udp, err := openDevice(ctx, "bench-local", addr, mtu, 0, log.Named("softroce"))
 		if err != nil {
 			return err
 		}
@@ -479,7 +533,16 @@ func runNBD(ctx context.Context, args []string) error {
 		if err := o.parse(*targetS, *portID); err != nil {
 			return err
 		}
-		d, _, err := openDevice(ctx, "bench-initiator", o.target.Addr(), 0, log.Named("softroce"))
+		addr := o.target.Addr() // same host: the target's loopback address
+		if *addrS != "" {
+			if addr, err = netip.ParseAddr(*addrS); err != nil {
+				return err
+			}
+			if err := benchAddr(addr); err != nil {
+				return err
+			}
+		}
+		d, _, err := openDevice(ctx, "bench-initiator", addr, mtu, 0, log.Named("softroce"))
 		if err != nil {
 			return err
 		}
@@ -543,7 +606,7 @@ func runLat(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLog(false)
-	dev, _, err := openDevice(ctx, "bench-lat", o.target.Addr(), 0, log.Named("softroce"))
+	dev, _, err := openDevice(ctx, "bench-lat", o.target.Addr(), 0, 0, log.Named("softroce"))
 	if err != nil {
 		return err
 	}
@@ -602,18 +665,26 @@ func runLat(ctx context.Context, args []string) error {
 
 // ---- udp-echo / udp-ping: the raw transport baseline ----
 
-// runUDPEcho answers every datagram on a loopback UDP socket with -reply bytes: with
+// runUDPEcho answers every datagram on a UDP socket with -reply bytes: with
 // udp-ping in another process it measures what one request/response exchange between two Go
 // processes costs on this machine without any RDMA or SRP on top (the floor under an SRP
 // command's round trip: the SEND of the command and the RDMA WRITE + SEND of the answer).
 func runUDPEcho(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("udp-echo", flag.ContinueOnError)
 	ready := fs.String("ready", "", "file to write \"udp=ADDR:PORT pid=PID\" to once listening")
+	addrS := fs.String("addr", "127.0.0.1", "loopback or private address to listen on")
 	reply := fs.Int("reply", 4096+64, "reply size in bytes")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	addr, err := netip.ParseAddr(*addrS)
+	if err != nil {
+		return err
+	}
+	if err := benchAddr(addr); err != nil {
+		return err
+	}
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, 0)))
 	if err != nil {
 		return err
 	}
@@ -653,7 +724,7 @@ func runUDPPing(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("-target %q: %w", *targetS, err)
 	}
-	if err := loopback(to.Addr()); err != nil {
+	if err := benchAddr(to.Addr()); err != nil {
 		return err
 	}
 	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(to))
@@ -739,7 +810,7 @@ func runMem(ctx context.Context, args []string) error {
 	log := newLog(false)
 	// One device for every session (as one host's RNIC): its MR table must hold every
 	// channel's pool.
-	dev, _, err := openDevice(ctx, "bench-mem", o.target.Addr(), 1<<20, log.Named("softroce"))
+	dev, _, err := openDevice(ctx, "bench-mem", o.target.Addr(), 0, 1<<20, log.Named("softroce"))
 	if err != nil {
 		return err
 	}

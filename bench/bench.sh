@@ -73,7 +73,10 @@
 # (I/O goroutines per session, 0: channels × qd / 2), MEM_GOMAXPROCS (of the target; default Go's),
 # RDMA_OPS ("write,read"), RDMA_SIZES ("64k,256k,1m"), RDMA_QDS ("1,16"; at most 16), RDMA_TIME
 # (s per stream; RUNTIME), RDMA_WARMUP (s before each stream is measured, 0.5),
-# NETNS_MTUS ("9000 1500"), NETNS_PARTS ("nbd rdma").
+# NETNS_MTUS ("9000 1500"), NETNS_PARTS ("nbd rdma"), BENCH_B (a git revision: OURS entries
+# MODE@b run srpbench built from it, column -b, for an A/B of two commits in one run, e.g.
+# BENCH_B=7251021 OURS="local local@b split split@b"; on loopback only, and without the -addr
+# and -mtu flags, which older srpbench builds do not have).
 # Needs: go, fio, qemu-nbd (qemu-utils), nbdkit, nbdcopy and nbdinfo (libnbd-bin), jq, openssl,
 # ip and ss (iproute2); as root with apt-get the missing Debian packages are installed
 # (BENCH_INSTALL=0: don't).
@@ -127,6 +130,7 @@ nx=0
 for spec in $OURS; do
   base=${spec%%+*}
   mode=${base%%:*}
+  mode=${mode%@b}
   case $mode in
     local) col="ours" ;;
     localcopy) col="ours-copy" ;;
@@ -134,6 +138,10 @@ for spec in $OURS; do
     *) echo "bench.sh: OURS entry $spec: mode must be local, localcopy or split" >&2; exit 2 ;;
   esac
   [[ $base == *:* ]] && col+=-gmp${base#*:}
+  if [[ $base == *@b* ]]; then
+    [[ -n ${BENCH_B:-} ]] || { echo "bench.sh: OURS entry $spec needs BENCH_B (a git revision)" >&2; exit 2; }
+    col+=-b
+  fi
   if [[ $spec == *+* ]]; then
     nx=$((nx + 1))
     col+=-x$nx
@@ -245,6 +253,14 @@ wait_nbd() { # URI
 echo "== building bench/cmd/srpbench"
 (cd "$root" && go build -o "$work/srpbench" ./bench/cmd/srpbench)
 bin=$work/srpbench
+bin_b=
+if [[ -n ${BENCH_B:-} ]]; then
+  echo "== building bench/cmd/srpbench at $BENCH_B (OURS entries MODE@b)"
+  mkdir -p "$work/b-src"
+  git -C "$root" archive "$BENCH_B" | tar -x -C "$work/b-src"
+  (cd "$work/b-src" && go build -o "$work/srpbench-b" ./bench/cmd/srpbench)
+  bin_b=$work/srpbench-b
+fi
 pdir=${PROFILE_DIR:-$work}
 
 # Where the servers run: the nbd and rdma comparisons run in the root namespace on loopback
@@ -358,6 +374,16 @@ nbd_compare() {
     mode=${spec%%:*}
     g=default
     [[ $spec == *:* ]] && g=${spec#*:}
+    # MODE@b: srpbench built from BENCH_B, on loopback, without the flags it may not have.
+    local sb=$bin netflags=(-addr "$srv_addr" -mtu "$pmtu") ininet=(-addr "$ini_addr" -mtu "$pmtu")
+    if [[ $mode == *@b ]]; then
+      mode=${mode%@b}
+      sb=$bin_b netflags=() ininet=()
+      if [[ $place == netns ]]; then
+        skipped+=("$s")
+        continue
+      fi
+    fi
     if [[ $place == netns && $mode == local* ]]; then
       skipped+=("$s")
       continue
@@ -376,7 +402,7 @@ nbd_compare() {
     local npid
     if [[ $mode == local* ]]; then
       echo "== starting $s: one process, SRP target + SRP initiator + NBD on one softroce device ($CHANNELS channels, QD $INI_QD, GOMAXPROCS $g)"
-      env "${genv[@]}" "$bin" nbd -local -lun-size "$SIZE" -target-qd 128 -socket "$work/$s.sock" -ready "$work/$s.nbd.ready" \
+      env "${genv[@]}" "$sb" nbd -local -lun-size "$SIZE" -target-qd 128 -socket "$work/$s.sock" -ready "$work/$s.nbd.ready" \
         -channels "$CHANNELS" -qd "$INI_QD" "${bufflag[@]}" "${xflags[@]}" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
       npid=$!
       pids+=("$npid")
@@ -386,13 +412,13 @@ nbd_compare() {
     else
       echo "== starting $s: SRP target process$([[ $place == netns ]] && echo " (in namespace $ns at $srv_addr)"), SRP initiator + NBD process ($CHANNELS channels, QD $INI_QD, GOMAXPROCS $g)"
       rm -f "$work/$s.target.ready" "$work/$s.nbd.ready"
-      "${nsexec[@]}" env "${genv[@]}" "$bin" target -addr "$srv_addr" -mtu "$pmtu" -ready "$work/$s.target.ready" -lun-size "$SIZE" -qd 128 \
+      "${nsexec[@]}" env "${genv[@]}" "$sb" target "${netflags[@]}" -ready "$work/$s.target.ready" -lun-size "$SIZE" -qd 128 \
         "${tprof[@]}" >"$work/$s.target.log" 2>&1 &
       tpid=$!
       pids+=("$tpid")
       wait_file "$work/$s.target.ready" "$s.target" "$tpid"
       tudp=$(sed -n 's/.*udp=\([^ ]*\).*/\1/p' "$work/$s.target.ready")
-      env "${genv[@]}" "$bin" nbd -target "$tudp" -addr "$ini_addr" -mtu "$pmtu" -socket "$work/$s.sock" -ready "$work/$s.nbd.ready" \
+      env "${genv[@]}" "$sb" nbd -target "$tudp" "${ininet[@]}" -socket "$work/$s.sock" -ready "$work/$s.nbd.ready" \
         -channels "$CHANNELS" -qd "$INI_QD" "${xflags[@]}" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
       npid=$!
       pids+=("$npid")

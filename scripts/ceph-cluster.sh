@@ -19,6 +19,10 @@
 #   SRPD_CEPH_POOL       rbd
 #   SRPD_CEPH_IMAGE      srpd-test (CEPH_IMAGE_SIZE, default 64M)
 #
+# With CEPH_CLUSTER_OWNER=PID in the environment of start, a watcher (its PID in DIR/watch.pid)
+# stops the cluster once process PID is gone: a test binary that starts a cluster and dies
+# before stopping it (a go test timeout) leaves nothing behind either.
+#
 # Needs the Debian packages ceph-mon ceph-osd ceph-common (16.2 pacific). Every wait is bounded
 # (CEPH_START_TIMEOUT seconds for the whole start, default 60); a start that fails prints the
 # daemons' log tails to stderr, stops what it started and removes DIR. Progress goes to stderr,
@@ -69,6 +73,13 @@ deadline_left() {
   echo "$left"
 }
 
+# bounded COMMAND...: runs COMMAND, killed at the start deadline.
+bounded() {
+  local left
+  left=$(deadline_left) || die "start timed out after ${CEPH_START_TIMEOUT}s (before: $*)"
+  timeout "$left" "$@"
+}
+
 # cephcmd runs the ceph CLI against the cluster, bounded by the start deadline.
 cephcmd() {
   local left
@@ -87,14 +98,16 @@ wait_for() {
   done
 }
 
-# alive DIR NAME: the daemon NAME (mon.a, osd.0) whose PID is in DIR/NAME.pid runs, and is ours
-# (its command line names DIR's config), so a recycled PID is never taken for it.
+# alive DIR NAME: the process NAME (mon.a, osd.0, watch) whose PID is in DIR/NAME.pid runs, and
+# is ours (a daemon's command line names DIR's config, the watcher's this script), so that a
+# recycled PID is never taken for it.
 alive() {
-  local pidf=$1/$2.pid pid
+  local pidf=$1/$2.pid pid mark=$1/ceph.conf
+  [ "$2" = watch ] && mark=ceph-cluster.sh
   [ -s "$pidf" ] || return 1
   pid=$(cat "$pidf")
   [ -r "/proc/$pid/cmdline" ] || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$1/ceph.conf"
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$mark"
 }
 
 # spawn NAME COMMAND...: starts a daemon in the foreground mode (-f) in the background and
@@ -141,7 +154,8 @@ start() {
   touch "$dir/$marker"
   conf=$dir/ceph.conf
   deadline=$((SECONDS + CEPH_START_TIMEOUT))
-  local t0=$SECONDS ok=0
+  local t0=$SECONDS
+  ok=0 # global: the EXIT trap reads it after start returns
   # Whatever goes wrong (an error, a timeout, an interrupt), nothing stays behind.
   trap 'if [ $ok = 0 ]; then failed; fi' EXIT
   trap 'exit 130' INT TERM
@@ -197,7 +211,7 @@ EOF
   ceph-authtool "$dir/keyring" --gen-key -n client.admin --cap mon 'allow *' --cap osd 'allow *' \
     --cap mgr 'allow *' >/dev/null
   monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:$port]" "$dir/monmap" >/dev/null
-  timeout "$(deadline_left)" ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" \
+  bounded ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" \
     --keyring "$dir/keyring" >>"$dir/log/mon.a.out" 2>&1
   spawn mon.a ceph-mon -c "$conf" -f -i a
   say "mon.a on 127.0.0.1:$port (pid $(cat "$dir/mon.a.pid"))"
@@ -206,7 +220,7 @@ EOF
   local id
   id=$(cephcmd osd create "$osd_uuid")
   [ "$id" = 0 ] || die "ceph osd create gave id '$id', want 0"
-  timeout "$(deadline_left)" ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" \
+  bounded ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" \
     >>"$dir/log/osd.0.out" 2>&1
   cephcmd osd crush add osd.0 1.0 root=default >/dev/null 2>&1
   spawn osd.0 ceph-osd -c "$conf" -f -i 0
@@ -214,17 +228,30 @@ EOF
   wait_for "osd.0 up" osd_up
 
   cephcmd osd pool create rbd 8 >/dev/null 2>&1
-  timeout "$(deadline_left)" rbd -c "$conf" pool init rbd
-  timeout "$(deadline_left)" rbd -c "$conf" create --size "$CEPH_IMAGE_SIZE" rbd/srpd-test
+  bounded rbd -c "$conf" pool init rbd
+  bounded rbd -c "$conf" create --size "$CEPH_IMAGE_SIZE" rbd/srpd-test
   wait_for "image rbd/srpd-test" image_ok
   alive "$dir" mon.a || die "mon.a exited"
   alive "$dir" osd.0 || die "osd.0 exited"
 
   write_env
+  if [ -n "${CEPH_CLUSTER_OWNER:-}" ]; then
+    watch_owner "$CEPH_CLUSTER_OWNER" </dev/null >>"$dir/log/watch.out" 2>&1 &
+    echo $! >"$dir/watch.pid"
+  fi
   ok=1
   trap - EXIT INT TERM
   say "up in $((SECONDS - t0)) s: $dir (stop with: $0 stop $dir)"
   cat "$dir/env"
+}
+
+# watch_owner PID (in the background, fds away from the caller's pipes): stop the cluster once
+# PID has exited.
+watch_owner() {
+  trap - EXIT INT TERM
+  while kill -0 "$1" 2>/dev/null; do sleep 1; done
+  say "owner $1 is gone: stopping the cluster"
+  stop "$dir"
 }
 
 # failed runs when start did not finish: the logs' tails, then stop.
@@ -247,6 +274,10 @@ stop() {
   [ -e "$d" ] || return 0
   [ -f "$d/$marker" ] || die "$d was not made by $0: not touching it"
   d=$(cd "$d" && pwd -P)
+  # The owner watcher first (unless this is it), so that it does not race this stop.
+  if [ -s "$d/watch.pid" ] && [ "$(cat "$d/watch.pid")" != "$BASHPID" ] && alive "$d" watch; then
+    kill -TERM "$(cat "$d/watch.pid")" 2>/dev/null || true
+  fi
   for name in osd.0 mon.a; do
     if alive "$d" "$name"; then
       pid=$(cat "$d/$name.pid")

@@ -97,6 +97,14 @@ func (l *LUN) SetDefaults() {
 	if l.BlockSize == 0 {
 		l.BlockSize = DefaultBlockSize
 	}
+	if l.RBD != nil {
+		if l.RBD.ClusterConfig == "" {
+			l.RBD.ClusterConfig = DefaultRBDClusterConfig
+		}
+		if l.RBD.Client == "" {
+			l.RBD.Client = DefaultRBDClient
+		}
+	}
 }
 
 // SetDefaults fills the omitted limits.

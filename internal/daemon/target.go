@@ -99,6 +99,8 @@ func openLUN(t *config.Target, l config.LUN, g *lunGuard) (*lunRT, error) {
 	case config.BackendBlockDev:
 		be, err = backend.OpenBlockDev(l.Path, backend.BlockDevOptions{ReadOnly: l.ReadOnly, Direct: l.Direct,
 			NoSymlinks: !l.FollowSymlinks, Admit: admit})
+	case config.BackendRBD:
+		be, err = openRBD(l)
 	default:
 		err = fmt.Errorf("unknown backend %q: %w", l.Backend, ctlapi.ErrInvalidArgument)
 	}

@@ -96,6 +96,9 @@ func startCluster() (*cephCluster, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, "../../scripts/ceph-cluster.sh", "start", dir)
+		// Should this binary die before TestMain stops the cluster (a -timeout panic), the
+		// script's watcher stops it.
+		cmd.Env = append(os.Environ(), fmt.Sprintf("CEPH_CLUSTER_OWNER=%d", os.Getpid()))
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, os.Stderr
 		if err := cmd.Run(); err != nil {

@@ -3,6 +3,7 @@ module github.com/srpd/srpd
 go 1.26.0
 
 require (
+	github.com/ceph/go-ceph v0.30.0
 	github.com/spf13/cobra v1.10.2
 	github.com/vishvananda/netlink v1.3.1
 	go.uber.org/zap v1.28.0

@@ -57,7 +57,7 @@ func (a *app) printLUNs(ls []ctlapi.LUNInfo) {
 		if l.Error != "" {
 			state += ": " + l.Error
 		}
-		row(tw, l.ID, l.Backend, l.Path, config.Size(l.Capacity), l.BlockSize, yesNo(l.ReadOnly), state)
+		row(tw, l.ID, l.Backend, lunSource(l.LUN), config.Size(l.Capacity), l.BlockSize, yesNo(l.ReadOnly), state)
 	}
 	tw.Flush()
 }
@@ -67,15 +67,18 @@ func newLUNAddCmd(a *app) *cobra.Command {
 		l              config.LUN
 		size           string
 		persist        bool
-		backendChoices = []string{config.BackendRAM, config.BackendFile, config.BackendBlockDev}
+		rbd            config.RBD
+		backendChoices = []string{config.BackendRAM, config.BackendFile, config.BackendBlockDev, config.BackendRBD}
 	)
 	cmd := &cobra.Command{
-		Use:   "add TARGET LUN --backend ram|file|blockdev [flags]",
+		Use:   "add TARGET LUN --backend ram|file|blockdev|rbd [flags]",
 		Short: "Add a LUN to a target",
 		Long:  "Add a LUN to a target.\n\n" + restartNote,
 		Example: `  srpctl lun add demo 1 --backend ram --size 1GiB
   srpctl lun add demo 2 --backend file --path /var/lib/srpd/d2.img --create --size 64GiB --block-size 4096
-  srpctl lun add demo 3 --backend blockdev --path /dev/disk/by-id/wwn-0x5000c500a1b2c3d4 --direct --persist`,
+  srpctl lun add demo 3 --backend blockdev --path /dev/disk/by-id/wwn-0x5000c500a1b2c3d4 --direct --persist
+  srpctl lun add demo 4 --backend rbd --pool rbd --image vm-disk-1 --client client.srpd \
+    --keyring /etc/ceph/ceph.client.srpd.keyring --block-size 4096   # srpd built with -tags rbd`,
 		Args: args(2),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			id, err := parseLUN(argv[1])
@@ -83,7 +86,14 @@ func newLUNAddCmd(a *app) *cobra.Command {
 				return err
 			}
 			if l.Backend == "" {
-				return usagef("lun add: --backend is required (%s, %s or %s)", backendChoices[0], backendChoices[1], backendChoices[2])
+				return usagef("lun add: --backend is required (%s, %s, %s or %s)", backendChoices[0], backendChoices[1],
+					backendChoices[2], backendChoices[3])
+			}
+			switch {
+			case l.Backend == config.BackendRBD && (rbd.Pool == "" || rbd.Image == ""):
+				return usagef("lun add: --backend rbd needs --pool and --image")
+			case rbd != (config.RBD{}):
+				l.RBD = &rbd // on another backend: the daemon says the settings do not apply
 			}
 			l.ID = id
 			if l.Size, err = optSize("size", size); err != nil {
@@ -100,7 +110,7 @@ func newLUNAddCmd(a *app) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&l.Backend, "backend", "", "ram, file or blockdev")
+	f.StringVar(&l.Backend, "backend", "", "ram, file, blockdev or rbd")
 	f.StringVar(&l.Path, "path", "", "file or block device path (file, blockdev)")
 	f.StringVar(&size, "size", "", "capacity, e.g. 64MiB (ram: required; file: create or extend to it)")
 	f.BoolVar(&l.Create, "create", false, "create the file if it does not exist (file; needs --size)")
@@ -109,6 +119,12 @@ func newLUNAddCmd(a *app) *cobra.Command {
 	f.IntVar(&l.BlockSize, "block-size", 0, "logical block size: 512 (default) or 4096")
 	f.BoolVar(&l.ReadOnly, "read-only", false, "write-protect the LUN")
 	f.StringVar(&l.Serial, "serial", "", "unit serial number (default: derived)")
+	f.StringVar(&rbd.Pool, "pool", "", "RBD pool (rbd; required)")
+	f.StringVar(&rbd.Namespace, "namespace", "", "RBD namespace (rbd; default none)")
+	f.StringVar(&rbd.Image, "image", "", "RBD image, which must exist (rbd; required)")
+	f.StringVar(&rbd.ClusterConfig, "cluster-config", "", "Ceph cluster configuration file (rbd; default "+config.DefaultRBDClusterConfig+")")
+	f.StringVar(&rbd.Client, "client", "", "cephx user, client.<id> (rbd; default "+config.DefaultRBDClient+")")
+	f.StringVar(&rbd.Keyring, "keyring", "", "keyring file with the client's key (rbd; default: the cluster configuration's)")
 	f.BoolVar(&persist, "persist", false, "also write the change to srpd's configuration file")
 	_ = cmd.RegisterFlagCompletionFunc("backend", cobra.FixedCompletions(backendChoices, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("block-size", cobra.FixedCompletions([]string{"512", "4096"}, cobra.ShellCompDirectiveNoFileComp))
@@ -117,10 +133,18 @@ func newLUNAddCmd(a *app) *cobra.Command {
 
 func describeBackend(l *ctlapi.LUNInfo) string {
 	s := fmt.Sprintf("%s, block size %d", config.Size(l.Capacity), l.BlockSize)
-	if l.Path != "" {
-		s = l.Path + ", " + s
+	if src := lunSource(l.LUN); src != "" {
+		s = src + ", " + s
 	}
 	return "(" + s + ")"
+}
+
+// lunSource is where a LUN's data is: its file or device path, or its RBD image spec.
+func lunSource(l config.LUN) string {
+	if l.RBD != nil {
+		return l.RBD.Spec()
+	}
+	return l.Path
 }
 
 func newLUNRemoveCmd(a *app) *cobra.Command {

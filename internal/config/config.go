@@ -61,6 +61,14 @@ const (
 	BackendRAM      = "ram"
 	BackendFile     = "file"
 	BackendBlockDev = "blockdev"
+	// BackendRBD is a Ceph RBD image through librbd (build tag "rbd").
+	BackendRBD = "rbd"
+)
+
+// Defaults of an rbd LUN's RBD settings.
+const (
+	DefaultRBDClusterConfig = "/etc/ceph/ceph.conf"
+	DefaultRBDClient        = "client.admin"
 )
 
 // Config is the whole srpd configuration (srpd -c /etc/srpd/srpd.yaml). Parse and Load return
@@ -140,7 +148,7 @@ type Target struct {
 type LUN struct {
 	// ID is the logical unit number, 0..16383.
 	ID int `yaml:"id" json:"id"`
-	// Backend is "ram", "file" or "blockdev".
+	// Backend is "ram", "file", "blockdev" or "rbd".
 	Backend string `yaml:"backend" json:"backend"`
 	// Path of the file (file) or block device node (blockdev); absolute.
 	Path string `yaml:"path,omitempty" json:"path,omitempty"`
@@ -164,6 +172,34 @@ type LUN struct {
 	// also seeds the LUN's NAA identifier, so keep it stable. Empty: the daemon derives one
 	// from the target's port ID and the LUN ID.
 	Serial string `yaml:"serial,omitempty" json:"serial,omitempty"`
+	// RBD (rbd, required there) names the Ceph RBD image and how to reach its cluster. The
+	// image must exist; its size is the LUN's capacity.
+	RBD *RBD `yaml:"rbd,omitempty" json:"rbd,omitempty"`
+}
+
+// RBD is the Ceph RBD image of an rbd LUN.
+type RBD struct {
+	// ClusterConfig is the cluster's configuration file (monitor addresses, auth settings),
+	// absolute; default /etc/ceph/ceph.conf.
+	ClusterConfig string `yaml:"cluster_config" json:"cluster_config"`
+	// Client is the cephx user srpd connects as, client.<id>; default client.admin.
+	Client string `yaml:"client" json:"client"`
+	// Keyring is the keyring file holding Client's key, absolute. Omitted: the cluster
+	// configuration's keyring setting (by default /etc/ceph/ceph.<client>.keyring and others).
+	Keyring string `yaml:"keyring,omitempty" json:"keyring,omitempty"`
+	// Pool (required), Namespace (optional) and Image (required) name the image, as
+	// pool[/namespace]/image does for the rbd tool.
+	Pool      string `yaml:"pool" json:"pool"`
+	Namespace string `yaml:"namespace,omitempty" json:"namespace,omitempty"`
+	Image     string `yaml:"image" json:"image"`
+}
+
+// Spec is the image spec pool[/namespace]/image.
+func (r *RBD) Spec() string {
+	if r.Namespace != "" {
+		return r.Pool + "/" + r.Namespace + "/" + r.Image
+	}
+	return r.Pool + "/" + r.Image
 }
 
 // ACL admits one initiator (or any, "*") to a target, optionally to some LUNs only.

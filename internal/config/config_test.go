@@ -74,7 +74,8 @@ func TestExampleConfigsValidate(t *testing.T) {
 		"socket", "max_connections", "write_timeout", "control", "mode", "group", "logging", "level", "format", "metrics",
 		"max_sessions", "max_registered_memory", "keepalive_interval", "stall_timeout", "stall_action",
 		"max_sessions_per_initiator", "max_pending_logins", "max_pending_logins_per_source",
-		"login_rate_per_source", "login_timeout", "allowed_paths", "follow_symlinks"} {
+		"login_rate_per_source", "login_timeout", "allowed_paths", "follow_symlinks",
+		"rbd", "cluster_config", "client", "keyring", "pool", "namespace", "image"} {
 		if !strings.Contains(ref, key+":") {
 			t.Errorf("srpd.reference.yaml does not document %q", key)
 		}

@@ -84,6 +84,10 @@ func (t *Target) SetDefaults() {
 // SetDefaults fills the LUN's omitted fields.
 func (l *LUN) SetDefaults() {
 	l.BlockSize = cmp.Or(l.BlockSize, DefaultBlockSize)
+	if l.RBD != nil {
+		l.RBD.ClusterConfig = cmp.Or(l.RBD.ClusterConfig, DefaultRBDClusterConfig)
+		l.RBD.Client = cmp.Or(l.RBD.Client, DefaultRBDClient)
+	}
 }
 
 // SetDefaults fills the omitted limits.

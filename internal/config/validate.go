@@ -257,6 +257,18 @@ func (v *validator) config(c *Config) {
 		}
 		for k := range t.LUNs {
 			l := &t.LUNs[k]
+			if l.Backend == BackendRBD && l.RBD != nil {
+				// One image exported twice by one daemon: the two LUNs would fight over the
+				// image's exclusive lock and their caches would not see each other's writes.
+				key := "rbd:" + l.RBD.ClusterConfig + ":" + l.RBD.Spec()
+				ip := join(index(p, "luns", k), "rbd.image")
+				if prev, dup := paths[key]; dup {
+					v.errorf(ip, ErrDuplicate, "image %s is already exported by %s", l.RBD.Spec(), prev)
+				} else {
+					paths[key] = index(p, "luns", k)
+				}
+				continue
+			}
 			if l.Path == "" || l.Backend == BackendRAM {
 				continue
 			}
@@ -468,10 +480,24 @@ func (v *validator) lun(p string, l *LUN) {
 		v.absPath(join(p, "path"), l.Path, 4095)
 		not("size", l.Size != 0)
 		not("create", l.Create)
+	case BackendRBD:
+		if !RBDSupported {
+			v.errorf(join(p, "backend"), ErrUnsupported,
+				"this build of srpd has no rbd support (rebuild with -tags rbd, cgo and librbd-dev)")
+		}
+		v.rbd(join(p, "rbd"), l.RBD)
+		not("path", l.Path != "")
+		not("size", l.Size != 0)
+		not("create", l.Create)
+		not("direct", l.Direct)
+		not("follow_symlinks", l.FollowSymlinks)
 	case "":
-		v.errorf(join(p, "backend"), ErrMissing, "required: ram, file or blockdev")
+		v.errorf(join(p, "backend"), ErrMissing, "required: ram, file, blockdev or rbd")
 	default:
-		v.errorf(join(p, "backend"), ErrInvalid, "%q must be ram, file or blockdev", l.Backend)
+		v.errorf(join(p, "backend"), ErrInvalid, "%q must be ram, file, blockdev or rbd", l.Backend)
+	}
+	if l.Backend != BackendRBD && l.RBD != nil {
+		not("rbd", true)
 	}
 	if l.Size < 0 {
 		v.errorf(join(p, "size"), ErrInvalid, "must not be negative")
@@ -487,6 +513,39 @@ func (v *validator) lun(p string, l *LUN) {
 			break
 		}
 	}
+}
+
+// rbdNameRE: a pool, namespace or image name. Ceph allows more, but '/' and '@' separate the
+// parts of an image spec (pool/namespace/image@snapshot) and the rest would need quoting.
+var rbdNameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._+:-]{0,254}$`)
+
+// clientRE: a cephx entity name, client.<id>.
+var clientRE = regexp.MustCompile(`^client\.[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
+
+func (v *validator) rbd(p string, r *RBD) {
+	if r == nil {
+		v.errorf(p, ErrMissing, "the rbd backend needs rbd: {pool: ..., image: ...}")
+		return
+	}
+	v.absPath(join(p, "cluster_config"), r.ClusterConfig, 4095)
+	if r.Keyring != "" {
+		v.absPath(join(p, "keyring"), r.Keyring, 4095)
+	}
+	if !clientRE.MatchString(r.Client) {
+		v.errorf(join(p, "client"), ErrInvalid, "%q must be client.<id> (letters, digits, '.', '_' or '-')", r.Client)
+	}
+	name := func(field, val string, required bool) {
+		switch {
+		case val == "" && required:
+			v.errorf(join(p, field), ErrMissing, "required")
+		case val != "" && !rbdNameRE.MatchString(val):
+			v.errorf(join(p, field), ErrInvalid, "%q must be 1 to 255 letters, digits, '.', '_', '+', ':' or '-', "+
+				"not starting with '.', '+', ':' or '-'", val)
+		}
+	}
+	name("pool", r.Pool, true)
+	name("namespace", r.Namespace, false)
+	name("image", r.Image, true)
 }
 
 // acl checks one ACL; luns (LUN id → index), when not nil, are the LUNs it may name.

@@ -49,6 +49,8 @@ func OpenLUN(t *config.Target, l config.LUN, o LUNOptions) (*LUN, error) {
 	case config.BackendBlockDev:
 		be, err = backend.OpenBlockDev(l.Path, backend.BlockDevOptions{ReadOnly: l.ReadOnly, Direct: l.Direct,
 			NoSymlinks: !l.FollowSymlinks, Admit: o.Admit})
+	case config.BackendRBD:
+		be, err = openRBD(l)
 	default:
 		err = fmt.Errorf("unknown backend %q: %w", l.Backend, ctlapi.ErrInvalidArgument)
 	}

@@ -1,9 +1,11 @@
 // Package backend holds the storage behind a SCSI logical unit: a regular file, a block device or
 // RAM. A Backend is a flat byte range; block size, LBAs and SCSI semantics live in package scsi.
 //
-// Constructors: NewRAM, OpenFile (FileOptions), OpenBlockDev (BlockDevOptions). Their own errors
-// (ErrBusy, ErrNotBlockDevice, ErrNotRegularFile, ErrWouldShrink, ErrInvalidSize,
-// ErrSymlink) are in errors.go. Linux only (pread/pwrite, fallocate, block device ioctls).
+// Constructors: NewRAM, OpenFile (FileOptions), OpenBlockDev (BlockDevOptions), and OpenRBD
+// (RBDOptions: a Ceph RBD image through librbd, build tag rbd with cgo; ErrRBDUnavailable
+// without). Their own errors (ErrBusy, ErrNotBlockDevice, ErrNotRegularFile, ErrWouldShrink,
+// ErrInvalidSize, ErrSymlink) are in errors.go. Linux only (pread/pwrite, fallocate, block
+// device ioctls).
 package backend
 
 import (
@@ -26,8 +28,8 @@ var (
 
 // Info describes what a backend is and can do. It does not change after open.
 type Info struct {
-	Kind     string // "file", "blockdev", "ram"
-	Path     string // file or device path; empty for ram
+	Kind     string // "file", "blockdev", "ram", "rbd"
+	Path     string // file or device path; pool[/namespace]/image for rbd; empty for ram
 	ReadOnly bool
 	// CanDiscard: Discard deallocates (punch hole, BLKDISCARD, dropping RAM pages).
 	CanDiscard bool

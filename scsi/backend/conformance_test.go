@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -25,6 +26,8 @@ type kind struct {
 	// faulty returns a writable backend whose storage fails part-way through being filled
 	// (ENOSPC/EIO from the OS); nil for kinds with no OS I/O path.
 	faulty func(t *testing.T) Backend
+	// faultErrnos are the errnos faulty's failure may carry; nil: ENOSPC or EIO.
+	faultErrnos []syscall.Errno
 }
 
 func closeOnCleanup(t *testing.T, b Backend) Backend {
@@ -149,21 +152,24 @@ func allKinds() []kind {
 
 func TestConformance(t *testing.T) {
 	for _, k := range allKinds() {
-		t.Run(k.name, func(t *testing.T) {
-			t.Run("Info", func(t *testing.T) { testInfo(t, k) })
-			t.Run("ReadWrite", func(t *testing.T) { testReadWrite(t, k) })
-			t.Run("ZeroLength", func(t *testing.T) { testZeroLength(t, k) })
-			t.Run("Bounds", func(t *testing.T) { testBounds(t, k) })
-			t.Run("ReadOnly", func(t *testing.T) { testReadOnly(t, k) })
-			t.Run("Discard", func(t *testing.T) { testZeroing(t, k, true) })
-			t.Run("WriteZeroes", func(t *testing.T) { testZeroing(t, k, false) })
-			t.Run("Close", func(t *testing.T) { testClose(t, k) })
-			t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, k) })
-			t.Run("CloseWhileBusy", func(t *testing.T) { testCloseWhileBusy(t, k) })
-			t.Run("MixedAlignment", func(t *testing.T) { testMixedAlignment(t, k) })
-			t.Run("IOError", func(t *testing.T) { testIOError(t, k) })
-		})
+		t.Run(k.name, func(t *testing.T) { runConformance(t, k) })
 	}
+}
+
+// runConformance runs every conformance test on kind k (also from rbd_test.go, build tag rbd).
+func runConformance(t *testing.T, k kind) {
+	t.Run("Info", func(t *testing.T) { testInfo(t, k) })
+	t.Run("ReadWrite", func(t *testing.T) { testReadWrite(t, k) })
+	t.Run("ZeroLength", func(t *testing.T) { testZeroLength(t, k) })
+	t.Run("Bounds", func(t *testing.T) { testBounds(t, k) })
+	t.Run("ReadOnly", func(t *testing.T) { testReadOnly(t, k) })
+	t.Run("Discard", func(t *testing.T) { testZeroing(t, k, true) })
+	t.Run("WriteZeroes", func(t *testing.T) { testZeroing(t, k, false) })
+	t.Run("Close", func(t *testing.T) { testClose(t, k) })
+	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, k) })
+	t.Run("CloseWhileBusy", func(t *testing.T) { testCloseWhileBusy(t, k) })
+	t.Run("MixedAlignment", func(t *testing.T) { testMixedAlignment(t, k) })
+	t.Run("IOError", func(t *testing.T) { testIOError(t, k) })
 }
 
 func rng(t *testing.T) *rand.Rand {
@@ -648,7 +654,11 @@ func testIOError(t *testing.T, k kind) {
 	if isSentinel(err) {
 		t.Errorf("error %v is a sentinel; want a medium error", err)
 	}
-	if !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EIO) {
-		t.Errorf("error %v: want the errno (ENOSPC or EIO) reachable with errors.Is", err)
+	want := k.faultErrnos
+	if want == nil {
+		want = []syscall.Errno{syscall.ENOSPC, syscall.EIO}
+	}
+	if !slices.ContainsFunc(want, func(e syscall.Errno) bool { return errors.Is(err, e) }) {
+		t.Errorf("error %v: want the errno (one of %v) reachable with errors.Is", err, want)
 	}
 }

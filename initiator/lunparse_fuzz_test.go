@@ -177,25 +177,23 @@ func FuzzProbeLUN(f *testing.F) {
 	for _, s := range probeSeeds(f) {
 		f.Add(s)
 	}
-	f.Fuzz(func(t *testing.T, script []byte) {
-		fuzzbound.Run(t, func() {
-			st := &scriptTarget{b: script}
-			info := LUNInfo{Number: 3}
-			err := probeLUN(&info, st.cmd)
-			if st.cmds > 12 {
-				t.Errorf("%d commands", st.cmds)
+	fuzzbound.Fuzz(f, func(t *testing.T, script []byte) {
+		st := &scriptTarget{b: script}
+		info := LUNInfo{Number: 3}
+		err := probeLUN(&info, st.cmd)
+		if st.cmds > 12 {
+			t.Errorf("%d commands", st.cmds)
+		}
+		if err != nil {
+			if !errors.Is(err, errNotDisk) && !errors.Is(err, ErrLUNData) && !errors.Is(err, ErrIllegalRequest) &&
+				!errors.Is(err, errScriptTransport) {
+				t.Errorf("unexpected error %v", err)
 			}
-			if err != nil {
-				if !errors.Is(err, errNotDisk) && !errors.Is(err, ErrLUNData) && !errors.Is(err, ErrIllegalRequest) &&
-					!errors.Is(err, errScriptTransport) {
-					t.Errorf("unexpected error %v", err)
-				}
-				return
-			}
-			if err := checkLUNInfo(&info); err != nil {
-				t.Error(err)
-			}
-		})
+			return
+		}
+		if err := checkLUNInfo(&info); err != nil {
+			t.Error(err)
+		}
 	})
 }
 
@@ -258,41 +256,39 @@ func FuzzReportLUNs(f *testing.F) {
 	for _, s := range reportLUNsSeeds() {
 		f.Add(s)
 	}
-	f.Fuzz(func(t *testing.T, script []byte) {
-		fuzzbound.Run(t, func() {
-			st := &scriptTarget{b: script}
-			var last []byte
-			luns, err := reportLUNs(func(cdb, in []byte) (int, error) {
-				n, err := st.cmd(cdb, in)
-				last = in[:n]
-				return n, err
-			})
-			if st.cmds > maxReportLUNsTries {
-				t.Errorf("%d REPORT LUNS commands", st.cmds)
-			}
-			if err != nil {
-				if !errors.Is(err, ErrLUNData) && !errors.Is(err, ErrIllegalRequest) && !errors.Is(err, errScriptTransport) {
-					t.Errorf("unexpected error %v", err)
-				}
-				return
-			}
-			if len(luns) > maxReportLUNs {
-				t.Errorf("%d LUNs", len(luns))
-			}
-			seen := map[srp.LUN]bool{}
-			for _, a := range luns {
-				if seen[a] {
-					t.Errorf("LUN %x twice", a)
-				}
-				seen[a] = true
-				found := false
-				for off := 8; off+8 <= len(last); off += 8 {
-					found = found || bytes.Equal(last[off:off+8], a[:])
-				}
-				if !found {
-					t.Errorf("LUN %x not in the answer", a)
-				}
-			}
+	fuzzbound.Fuzz(f, func(t *testing.T, script []byte) {
+		st := &scriptTarget{b: script}
+		var last []byte
+		luns, err := reportLUNs(func(cdb, in []byte) (int, error) {
+			n, err := st.cmd(cdb, in)
+			last = in[:n]
+			return n, err
 		})
+		if st.cmds > maxReportLUNsTries {
+			t.Errorf("%d REPORT LUNS commands", st.cmds)
+		}
+		if err != nil {
+			if !errors.Is(err, ErrLUNData) && !errors.Is(err, ErrIllegalRequest) && !errors.Is(err, errScriptTransport) {
+				t.Errorf("unexpected error %v", err)
+			}
+			return
+		}
+		if len(luns) > maxReportLUNs {
+			t.Errorf("%d LUNs", len(luns))
+		}
+		seen := map[srp.LUN]bool{}
+		for _, a := range luns {
+			if seen[a] {
+				t.Errorf("LUN %x twice", a)
+			}
+			seen[a] = true
+			found := false
+			for off := 8; off+8 <= len(last); off += 8 {
+				found = found || bytes.Equal(last[off:off+8], a[:])
+			}
+			if !found {
+				t.Errorf("LUN %x not in the answer", a)
+			}
+		}
 	})
 }

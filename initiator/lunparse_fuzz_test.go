@@ -138,19 +138,8 @@ func probeSeeds(tb testing.TB) [][]byte {
 	inq := make([]byte, 36)
 	copy(inq[8:], "VENDOR  PRODUCT         REV ")
 	vpd0 := []byte{0, 0, 0, 5, 0x00, 0x80, 0x83, 0xb0, 0xb2}
-	rc16 := func(lba uint64, bs uint32, n int) []byte {
-		b := make([]byte, 32)
-		binary.BigEndian.PutUint64(b, lba)
-		binary.BigEndian.PutUint32(b[8:], bs)
-		b[14] = 0x80
-		return b[:n]
-	}
-	rc10 := func(lba, bs uint32) []byte {
-		b := make([]byte, 8)
-		binary.BigEndian.PutUint32(b, lba)
-		binary.BigEndian.PutUint32(b[4:], bs)
-		return b
-	}
+	rc16 := func(lba uint64, bs uint32, n int) []byte { return rcap16(lba, bs, 0, 0x80, n) }
+	rc10 := rcap10
 	cat := func(es ...[]byte) []byte { return bytes.Join(es, nil) }
 	serial := scriptEntry(0, []byte{0, 0x80, 0xff, 0xff, 'x'}) // page length past the data
 	id := scriptEntry(0, []byte{0, 0x83, 0, 8, 1, 3, 0, 4, 1, 2, 3})

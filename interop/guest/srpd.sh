@@ -17,14 +17,8 @@ srpd_start() {   # srpd_start SECONDS
 }
 
 srpd_stop() {    # SIGTERM (a drain: logouts, NBD exports closed), 30 s, then SIGKILL; sets SRPD_RC
-    kill -TERM "$SRPD_PID" 2>/dev/null
-    i=0
-    while kill -0 "$SRPD_PID" 2>/dev/null && [ "$i" -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-    if kill -0 "$SRPD_PID" 2>/dev/null; then
-        log "srpd did not stop within 30 s of SIGTERM"; kill -9 "$SRPD_PID"; wait "$SRPD_PID"; SRPD_RC=137
-    else
-        wait "$SRPD_PID"; SRPD_RC=$?
-    fi
+    stop_proc "$SRPD_PID" srpd 30
+    SRPD_RC=$STOPPED_RC
     sed 's/^/    srpd log: /' /tmp/srpd.log | grep -vE 'DEBUG' | tail -n 60
     log "srpd exit $SRPD_RC"
 }

@@ -16,7 +16,8 @@ func benchEnv(b *testing.B, nMR, depth int) *env {
 	return newEnv(b, Config{NumMRs: nMR, SQDepth: depth, MaxPages: 16})
 }
 
-func (e *env) drain(b *testing.B) {
+// drain executes the posted WRs and hands the pool every send completion.
+func (e *env) drain(tb testing.TB) {
 	for e.qp.exec() {
 	}
 	for {
@@ -25,7 +26,7 @@ func (e *env) drain(b *testing.B) {
 			return
 		}
 		if _, err := e.p.HandleSendCompletion(&wc); err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
 	}
 }

@@ -576,24 +576,18 @@ func (q *fakeQP) reset() {
 	q.state = transport.QPSRTS
 }
 
-// popSend removes the oldest undelivered send completion.
-func (q *fakeQP) popSend() (transport.WC, bool) {
-	if len(q.sendWC) == 0 {
-		return transport.WC{}, false
-	}
-	wc := q.sendWC[0]
-	copy(q.sendWC, q.sendWC[1:])
-	q.sendWC = q.sendWC[:len(q.sendWC)-1]
-	return wc, true
-}
+// popSend removes the oldest undelivered send completion, popRecv the oldest receive one.
+func (q *fakeQP) popSend() (transport.WC, bool) { return popWC(&q.sendWC) }
+func (q *fakeQP) popRecv() (transport.WC, bool) { return popWC(&q.recvWC) }
 
-func (q *fakeQP) popRecv() (transport.WC, bool) {
-	if len(q.recvWC) == 0 {
+// popWC removes the first completion of *wcs (in place: the slice keeps its array).
+func popWC(wcs *[]transport.WC) (transport.WC, bool) {
+	if len(*wcs) == 0 {
 		return transport.WC{}, false
 	}
-	wc := q.recvWC[0]
-	copy(q.recvWC, q.recvWC[1:])
-	q.recvWC = q.recvWC[:len(q.recvWC)-1]
+	wc := (*wcs)[0]
+	copy(*wcs, (*wcs)[1:])
+	*wcs = (*wcs)[:len(*wcs)-1]
 	return wc, true
 }
 

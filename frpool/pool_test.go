@@ -893,17 +893,7 @@ func TestNoAllocSteadyState(t *testing.T) {
 		if err := e.p.Invalidate(r); err != nil {
 			t.Fatal(err)
 		}
-		for e.qp.exec() {
-		}
-		for {
-			wc, ok := e.qp.popSend()
-			if !ok {
-				break
-			}
-			if _, err := e.p.HandleSendCompletion(&wc); err != nil {
-				t.Fatal(err)
-			}
-		}
+		e.drain(t)
 	}
 	for i := 0; i < 10; i++ {
 		step()

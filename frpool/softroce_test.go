@@ -770,18 +770,23 @@ func TestRWSoftroce(t *testing.T) {
 	if err := p.PostRW(c, nil, w); err != nil {
 		t.Fatal(err)
 	}
-	var rerr error
-	poll(func() bool {
-		select {
-		case rerr = <-w.done:
-			return true
-		default:
-			return false
+	// awaitRW polls until the RDMA transfer is done; it must have succeeded.
+	awaitRW := func() {
+		t.Helper()
+		var rerr error
+		poll(func() bool {
+			select {
+			case rerr = <-w.done:
+				return true
+			default:
+				return false
+			}
+		})
+		if rerr != nil {
+			t.Fatal(rerr)
 		}
-	})
-	if rerr != nil {
-		t.Fatal(rerr)
 	}
+	awaitRW()
 	var want, got []byte
 	for _, r := range remote {
 		off := r.Addr - remoteMem.Addr()
@@ -806,17 +811,7 @@ func TestRWSoftroce(t *testing.T) {
 	if err := p.PostRW(c, &resp, w); err != nil {
 		t.Fatal(err)
 	}
-	poll(func() bool {
-		select {
-		case rerr = <-w.done:
-			return true
-		default:
-			return false
-		}
-	})
-	if rerr != nil {
-		t.Fatal(rerr)
-	}
+	awaitRW()
 	got = got[:0]
 	for _, s := range sgl {
 		off := s.Addr - local.Addr()

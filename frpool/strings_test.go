@@ -1,16 +1,16 @@
 package frpool
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/srpd/srpd/internal/testutil"
+)
 
 // TestMRStateString pins mrState's stringer-generated String to the names the hand-written
 // method returned (they appear in logs).
 func TestMRStateString(t *testing.T) {
-	for s, want := range map[mrState]string{
+	testutil.Strings(t, map[mrState]string{
 		mrFree: "free", mrInvalidating: "invalidating", mrRegistering: "registering", mrValid: "valid",
 		mrQuarantined: "quarantined", mrDead: "dead", mrDead + 1: "mrState(6)",
-	} {
-		if got := s.String(); got != want {
-			t.Errorf("mrState %d: String() = %q; want %q", s, got, want)
-		}
-	}
+	})
 }

@@ -245,10 +245,7 @@ func (c *channel) release() {
 			errs = append(errs, err)
 		}
 	}
-	if c.qp != nil {
-		keep(c.qp.Close())
-		c.qp = nil
-	}
+	dispose(&c.qp, transport.QP.Close, keep)
 	if c.pool != nil {
 		if c.pool.QPError() != nil {
 			_ = c.pool.Recover(nil)
@@ -256,28 +253,23 @@ func (c *channel) release() {
 		keep(c.pool.Close())
 		c.pool = nil
 	}
-	if c.iuMR != nil {
-		keep(c.iuMR.Close())
-		c.iuMR = nil
-	}
-	if c.iuMem != nil {
-		keep(c.iuMem.Free())
-		c.iuMem = nil
-	}
-	if c.dataMem != nil {
-		keep(c.dataMem.Free())
-		c.dataMem = nil
-	}
-	if c.cq != nil {
-		keep(c.cq.Close())
-		c.cq = nil
-	}
-	if c.pd != nil {
-		keep(c.pd.Close())
-		c.pd = nil
-	}
+	dispose(&c.iuMR, transport.MR.Close, keep)
+	dispose(&c.iuMem, transport.Memory.Free, keep)
+	dispose(&c.dataMem, transport.Memory.Free, keep)
+	dispose(&c.cq, transport.CQ.Close, keep)
+	dispose(&c.pd, transport.PD.Close, keep)
 	if len(errs) > 0 {
 		c.log.Warn("releasing channel resources", zap.Error(errors.Join(errs...)))
+	}
+}
+
+// dispose ends the resource *p holds with end, passes end's error to keep and forgets the
+// resource; it leaves a nil *p alone.
+func dispose[T comparable](p *T, end func(T) error, keep func(error)) {
+	var none T
+	if *p != none {
+		keep(end(*p))
+		*p = none
 	}
 }
 

@@ -1,6 +1,7 @@
 package initiator
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -196,15 +197,9 @@ func (c Config) withDefaults() (Config, error) {
 		c.MaxReconnectDelay = c.ReconnectDelay
 	}
 	p := &c.ConnParam
-	if p.ResponderResources == 0 {
-		p.ResponderResources = 4
-	}
-	if p.RetryCount == 0 {
-		p.RetryCount = 6
-	}
-	if p.RNRRetryCount == 0 {
-		p.RNRRetryCount = 7
-	}
+	p.ResponderResources = cmp.Or(p.ResponderResources, 4)
+	p.RetryCount = cmp.Or(p.RetryCount, 6)
+	p.RNRRetryCount = cmp.Or(p.RNRRetryCount, 7)
 	p.FlowControl = true
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()

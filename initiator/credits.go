@@ -57,17 +57,31 @@ func clampCredits(v int64, hi int32) int32 { return int32(min(max(v, 0), int64(h
 // errNoCredit: startCmd without waiting found no credit.
 var errNoCredit = errors.New("initiator: no credit")
 
+// lockLive takes the locks that posting needs, postMu (read) and mu, and keeps them if the
+// channel is live; otherwise it releases both and returns false.
+func (c *channel) lockLive() bool {
+	c.postMu.RLock()
+	c.mu.Lock()
+	if c.getState() != chLive {
+		c.unlockPost()
+		return false
+	}
+	return true
+}
+
+// unlockPost releases what lockLive took.
+func (c *channel) unlockPost() {
+	c.mu.Unlock()
+	c.postMu.RUnlock()
+}
+
 // waitCmdCredit waits until the channel has a credit for a command: commands need req_lim > 1,
 // the last credit is reserved for task management. It returns with postMu (read) and mu held
 // and the credit still counted (beginLocked spends it), or with neither held and why not:
 // errChannelDown, ctx's error, or errNoCredit when told not to wait.
 func (c *channel) waitCmdCredit(ctx context.Context, wait bool) (err error) {
 	for {
-		c.postMu.RLock()
-		c.mu.Lock()
-		if c.getState() != chLive {
-			c.mu.Unlock()
-			c.postMu.RUnlock()
+		if !c.lockLive() {
 			return errChannelDown
 		}
 		if c.reqLim > 1 {
@@ -87,13 +101,11 @@ func (c *channel) waitCmdCredit(ctx context.Context, wait bool) (err error) {
 			}
 		}
 		if !wait {
-			c.mu.Unlock()
-			c.postMu.RUnlock()
+			c.unlockPost()
 			return errNoCredit
 		}
 		w := c.creditWaitLocked()
-		c.mu.Unlock()
-		c.postMu.RUnlock()
+		c.unlockPost()
 		c.s.stats.creditWaits.Add(1)
 		var recheck *time.Timer
 		var rc <-chan time.Time

@@ -163,19 +163,14 @@ func (c *channel) taskMgmt(fn srp.TaskMgmtFunc, lun uint64, lunAddr srp.LUN, tas
 		return &TaskMgmtError{Func: fn, LUN: lun, Timeout: to, Err: err}
 	}
 	for {
-		c.postMu.RLock()
-		c.mu.Lock()
-		if c.getState() != chLive {
-			c.mu.Unlock()
-			c.postMu.RUnlock()
+		if !c.lockLive() {
 			return fail(errChannelDown, false)
 		}
 		if c.reqLim > 0 { // TM may use the reserved credit
 			break
 		}
 		w := c.creditWaitLocked()
-		c.mu.Unlock()
-		c.postMu.RUnlock()
+		c.unlockPost()
 		select {
 		case <-w:
 		case <-timeout.C:

@@ -138,19 +138,8 @@ func probeSeeds(tb testing.TB) [][]byte {
 	inq := make([]byte, 36)
 	copy(inq[8:], "VENDOR  PRODUCT         REV ")
 	vpd0 := []byte{0, 0, 0, 5, 0x00, 0x80, 0x83, 0xb0, 0xb2}
-	rc16 := func(lba uint64, bs uint32, n int) []byte {
-		b := make([]byte, 32)
-		binary.BigEndian.PutUint64(b, lba)
-		binary.BigEndian.PutUint32(b[8:], bs)
-		b[14] = 0x80
-		return b[:n]
-	}
-	rc10 := func(lba, bs uint32) []byte {
-		b := make([]byte, 8)
-		binary.BigEndian.PutUint32(b, lba)
-		binary.BigEndian.PutUint32(b[4:], bs)
-		return b
-	}
+	rc16 := func(lba uint64, bs uint32, n int) []byte { return rcap16(lba, bs, 0, 0x80, n) }
+	rc10 := rcap10
 	cat := func(es ...[]byte) []byte { return bytes.Join(es, nil) }
 	serial := scriptEntry(0, []byte{0, 0x80, 0xff, 0xff, 'x'}) // page length past the data
 	id := scriptEntry(0, []byte{0, 0x83, 0, 8, 1, 3, 0, 4, 1, 2, 3})
@@ -177,25 +166,23 @@ func FuzzProbeLUN(f *testing.F) {
 	for _, s := range probeSeeds(f) {
 		f.Add(s)
 	}
-	f.Fuzz(func(t *testing.T, script []byte) {
-		fuzzbound.Run(t, func() {
-			st := &scriptTarget{b: script}
-			info := LUNInfo{Number: 3}
-			err := probeLUN(&info, st.cmd)
-			if st.cmds > 12 {
-				t.Errorf("%d commands", st.cmds)
+	fuzzbound.Fuzz(f, func(t *testing.T, script []byte) {
+		st := &scriptTarget{b: script}
+		info := LUNInfo{Number: 3}
+		err := probeLUN(&info, st.cmd)
+		if st.cmds > 12 {
+			t.Errorf("%d commands", st.cmds)
+		}
+		if err != nil {
+			if !errors.Is(err, errNotDisk) && !errors.Is(err, ErrLUNData) && !errors.Is(err, ErrIllegalRequest) &&
+				!errors.Is(err, errScriptTransport) {
+				t.Errorf("unexpected error %v", err)
 			}
-			if err != nil {
-				if !errors.Is(err, errNotDisk) && !errors.Is(err, ErrLUNData) && !errors.Is(err, ErrIllegalRequest) &&
-					!errors.Is(err, errScriptTransport) {
-					t.Errorf("unexpected error %v", err)
-				}
-				return
-			}
-			if err := checkLUNInfo(&info); err != nil {
-				t.Error(err)
-			}
-		})
+			return
+		}
+		if err := checkLUNInfo(&info); err != nil {
+			t.Error(err)
+		}
 	})
 }
 
@@ -258,41 +245,39 @@ func FuzzReportLUNs(f *testing.F) {
 	for _, s := range reportLUNsSeeds() {
 		f.Add(s)
 	}
-	f.Fuzz(func(t *testing.T, script []byte) {
-		fuzzbound.Run(t, func() {
-			st := &scriptTarget{b: script}
-			var last []byte
-			luns, err := reportLUNs(func(cdb, in []byte) (int, error) {
-				n, err := st.cmd(cdb, in)
-				last = in[:n]
-				return n, err
-			})
-			if st.cmds > maxReportLUNsTries {
-				t.Errorf("%d REPORT LUNS commands", st.cmds)
-			}
-			if err != nil {
-				if !errors.Is(err, ErrLUNData) && !errors.Is(err, ErrIllegalRequest) && !errors.Is(err, errScriptTransport) {
-					t.Errorf("unexpected error %v", err)
-				}
-				return
-			}
-			if len(luns) > maxReportLUNs {
-				t.Errorf("%d LUNs", len(luns))
-			}
-			seen := map[srp.LUN]bool{}
-			for _, a := range luns {
-				if seen[a] {
-					t.Errorf("LUN %x twice", a)
-				}
-				seen[a] = true
-				found := false
-				for off := 8; off+8 <= len(last); off += 8 {
-					found = found || bytes.Equal(last[off:off+8], a[:])
-				}
-				if !found {
-					t.Errorf("LUN %x not in the answer", a)
-				}
-			}
+	fuzzbound.Fuzz(f, func(t *testing.T, script []byte) {
+		st := &scriptTarget{b: script}
+		var last []byte
+		luns, err := reportLUNs(func(cdb, in []byte) (int, error) {
+			n, err := st.cmd(cdb, in)
+			last = in[:n]
+			return n, err
 		})
+		if st.cmds > maxReportLUNsTries {
+			t.Errorf("%d REPORT LUNS commands", st.cmds)
+		}
+		if err != nil {
+			if !errors.Is(err, ErrLUNData) && !errors.Is(err, ErrIllegalRequest) && !errors.Is(err, errScriptTransport) {
+				t.Errorf("unexpected error %v", err)
+			}
+			return
+		}
+		if len(luns) > maxReportLUNs {
+			t.Errorf("%d LUNs", len(luns))
+		}
+		seen := map[srp.LUN]bool{}
+		for _, a := range luns {
+			if seen[a] {
+				t.Errorf("LUN %x twice", a)
+			}
+			seen[a] = true
+			found := false
+			for off := 8; off+8 <= len(last); off += 8 {
+				found = found || bytes.Equal(last[off:off+8], a[:])
+			}
+			if !found {
+				t.Errorf("LUN %x not in the answer", a)
+			}
+		}
 	})
 }

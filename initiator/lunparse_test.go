@@ -7,24 +7,32 @@ import (
 	"testing"
 )
 
+// rcap10 is READ CAPACITY(10) parameter data: the last LBA and the block size.
+func rcap10(lba, bs uint32) []byte {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint32(b, lba)
+	binary.BigEndian.PutUint32(b[4:], bs)
+	return b
+}
+
+// rcap16 is the first n bytes of READ CAPACITY(16) parameter data: the last LBA, the block
+// size, and bytes 13 and 14 (logical blocks per physical block exponent; LBPME, LBPRZ and the
+// lowest aligned LBA).
+func rcap16(lba uint64, bs uint32, b13, b14 byte, n int) []byte {
+	b := make([]byte, 32)
+	binary.BigEndian.PutUint64(b, lba)
+	binary.BigEndian.PutUint32(b[8:], bs)
+	b[13], b[14] = b13, b14
+	return b[:n]
+}
+
 // TestReadCapacityRejects: capacities and block sizes a target may report that the block API
 // cannot use are refused with ErrLUNData, never stored (a last LBA of 2^64-1 used to wrap the
 // capacity to 0 blocks, 2^61 blocks of 4 KiB overflowed LUN.Size, and READ CAPACITY(10)'s
 // 0xFFFFFFFF, which means "ask READ CAPACITY(16)", was taken as 2^32 blocks).
 func TestReadCapacityRejects(t *testing.T) {
-	rc16 := func(lba uint64, bs uint32, n int) []byte {
-		b := make([]byte, 32)
-		binary.BigEndian.PutUint64(b, lba)
-		binary.BigEndian.PutUint32(b[8:], bs)
-		b[13], b[14] = 0x03, 0xC0
-		return b[:n]
-	}
-	rc10 := func(lba, bs uint32) []byte {
-		b := make([]byte, 8)
-		binary.BigEndian.PutUint32(b, lba)
-		binary.BigEndian.PutUint32(b[4:], bs)
-		return b
-	}
+	rc16 := func(lba uint64, bs uint32, n int) []byte { return rcap16(lba, bs, 0x03, 0xC0, n) }
+	rc10 := rcap10
 	cases := []struct {
 		name   string
 		rc16   []byte // nil: READ CAPACITY(10) with rc10

@@ -179,39 +179,9 @@ func (e *realEnv) accept(req acceptReq) (acceptRep, error) {
 	return acceptRep{addr: taddr, qpn: tq.QPN(), psn: psn, priv: append([]byte(nil), pc.LoginRsp()...)}, nil
 }
 
-func (e *realEnv) config() Config {
-	return Config{
-		Name:            e.t.Name(),
-		Device:          e.ini,
-		Dialer:          e.dialer,
-		TargetPortID:    testTargetPort,
-		InitiatorExt:    0x2,
-		QueueDepth:      32,
-		MaxIOSize:       256 << 10,
-		ReconnectDelay:  20 * time.Millisecond,
-		FastIOFailTmo:   30 * time.Second,
-		DevLossTmo:      60 * time.Second,
-		CommandTimeout:  10 * time.Second,
-		TaskMgmtTimeout: 2 * time.Second,
-		Logger:          testLogger(e.t),
-	}
-}
+func (e *realEnv) config() Config { return testConfig(e.t, e.ini, e.dialer, 0x2, testLogger(e.t)) }
 
-func (e *realEnv) dial(cfg Config) *Session {
-	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	s, err := Dial(ctx, cfg)
-	if err != nil {
-		e.t.Fatalf("Dial: %v", err)
-	}
-	e.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.Close(ctx)
-	})
-	return s
-}
+func (e *realEnv) dial(cfg Config) *Session { e.t.Helper(); return dialSession(e.t, cfg) }
 
 // TestRealTarget runs the random I/O workload against the srpd target: direct and indirect
 // descriptors, two channels, immediate data, in memory and over UDP.

@@ -1,6 +1,7 @@
 package initiator
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -61,33 +62,15 @@ type tgtConfig struct {
 }
 
 func (c *tgtConfig) fill() {
-	if c.credits == 0 {
-		c.credits = 32
-	}
-	if c.maxITIULen == 0 {
-		c.maxITIULen = 8276
-	}
-	if c.maxTIIULen == 0 {
-		c.maxTIIULen = srp.RspHdrLen + 4 + scsi.MaxSenseLen
-	}
-	if c.maxChannels == 0 {
-		c.maxChannels = 16
-	}
-	if c.maxXfer == 0 {
-		c.maxXfer = 1 << 20
-	}
-	if c.lunSize == 0 {
-		c.lunSize = 64 << 20
-	}
-	if c.nLUNs == 0 {
-		c.nLUNs = 1
-	}
-	if c.blockSize == 0 {
-		c.blockSize = 512
-	}
-	if c.qpTimeout == 0 {
-		c.qpTimeout = 14
-	}
+	c.credits = cmp.Or(c.credits, 32)
+	c.maxITIULen = cmp.Or(c.maxITIULen, 8276)
+	c.maxTIIULen = cmp.Or(c.maxTIIULen, srp.RspHdrLen+4+scsi.MaxSenseLen)
+	c.maxChannels = cmp.Or(c.maxChannels, 16)
+	c.maxXfer = cmp.Or(c.maxXfer, 1<<20)
+	c.lunSize = cmp.Or(c.lunSize, 64<<20)
+	c.nLUNs = cmp.Or(c.nLUNs, 1)
+	c.blockSize = cmp.Or(c.blockSize, 512)
+	c.qpTimeout = cmp.Or(c.qpTimeout, 14)
 }
 
 type tgt struct {
@@ -942,12 +925,8 @@ func openDev(t testing.TB, l link.Link, name string) *softroce.Device {
 // newMemEnv is an initiator and a test target on the in-memory link (with pc's faults).
 func newMemEnv(t testing.TB, pc link.PipeConfig, tc tgtConfig) *env {
 	a, b := link.NewPipe(netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), pc)
-	e := &env{t: t, iniLink: a, tgLink: b}
-	e.tg = openDev(t, b, "tgt")
-	e.ini = openDev(t, a, "ini")
-	e.tgt = newTgt(t, e.tg, tc)
-	e.dialer = &testDialer{local: e.ini.Addrs()[0], accept: e.tgt.accept, timeout: 14}
-	e.log = testLogger(t)
+	e := newEnv(t, a, b, tc)
+	e.iniLink, e.tgLink = a, b
 	return e
 }
 
@@ -962,9 +941,14 @@ func newUDPEnv(t testing.TB, tc tgtConfig) *env {
 	if err != nil {
 		t.Skipf("UDP loopback unavailable: %v", err)
 	}
+	return newEnv(t, la, lb, tc)
+}
+
+// newEnv is an initiator on ini and a test target on tg.
+func newEnv(t testing.TB, ini, tg link.Link, tc tgtConfig) *env {
 	e := &env{t: t}
-	e.tg = openDev(t, lb, "tgt")
-	e.ini = openDev(t, la, "ini")
+	e.tg = openDev(t, tg, "tgt")
+	e.ini = openDev(t, ini, "ini")
 	e.tgt = newTgt(t, e.tg, tc)
 	e.dialer = &testDialer{local: e.ini.Addrs()[0], accept: e.tgt.accept, timeout: 14}
 	e.log = testLogger(t)
@@ -978,13 +962,19 @@ func testLogger(t testing.TB) *zap.Logger {
 	return zap.NewNop()
 }
 
-func (e *env) config() Config {
+func (e *env) config() Config { return testConfig(e.t, e.ini, e.dialer, 0x1, e.log) }
+
+func (e *env) dial(cfg Config) *Session { e.t.Helper(); return dialSession(e.t, cfg) }
+
+// testConfig is the session configuration the tests start from: 32 requests per channel,
+// 256 KiB I/O, a quick reconnect and timeouts that a loaded machine meets.
+func testConfig(t testing.TB, dev transport.Device, dialer Dialer, ext uint64, log *zap.Logger) Config {
 	return Config{
-		Name:            e.t.Name(),
-		Device:          e.ini,
-		Dialer:          e.dialer,
+		Name:            t.Name(),
+		Device:          dev,
+		Dialer:          dialer,
 		TargetPortID:    testTargetPort,
-		InitiatorExt:    0x1,
+		InitiatorExt:    ext,
 		QueueDepth:      32,
 		MaxIOSize:       256 << 10,
 		ReconnectDelay:  20 * time.Millisecond,
@@ -992,19 +982,20 @@ func (e *env) config() Config {
 		DevLossTmo:      60 * time.Second,
 		CommandTimeout:  10 * time.Second,
 		TaskMgmtTimeout: 2 * time.Second,
-		Logger:          e.log,
+		Logger:          log,
 	}
 }
 
-func (e *env) dial(cfg Config) *Session {
-	e.t.Helper()
+// dialSession dials cfg (within 20 s) and closes the session when the test ends.
+func dialSession(t testing.TB, cfg Config) *Session {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	s, err := Dial(ctx, cfg)
 	if err != nil {
-		e.t.Fatalf("Dial: %v", err)
+		t.Fatalf("Dial: %v", err)
 	}
-	e.t.Cleanup(func() {
+	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = s.Close(ctx)

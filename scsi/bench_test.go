@@ -32,27 +32,23 @@ func benchLUN(tb testing.TB) *LUN {
 // BenchmarkRead16 is the command path of a 4 KiB READ(16): CDB decode, checks, the RAM
 // backend copying into the caller's preallocated buffer.
 func BenchmarkRead16(b *testing.B) {
-	l := benchLUN(b)
-	cmd := &Command{CDB: cdbRead16(8, 8), Nexus: nexA, DataIn: make([]byte, 4096), Sense: make([]byte, MaxSenseLen)}
-	ctx := context.Background()
-	b.SetBytes(4096)
-	b.ReportAllocs()
-	for b.Loop() {
-		if r := l.Execute(ctx, cmd); r.Status != StatusGood || r.DataInLen != 4096 {
-			b.Fatal(r)
-		}
-	}
+	benchCommand(b, &Command{CDB: cdbRead16(8, 8), Nexus: nexA, DataIn: make([]byte, 4096), Sense: make([]byte, MaxSenseLen)}, 4096)
 }
 
 // BenchmarkWrite16 is the same for a 4 KiB WRITE(16) (range lock included).
 func BenchmarkWrite16(b *testing.B) {
+	benchCommand(b, &Command{CDB: cdbWrite16(8, 8), Nexus: nexA, DataOut: make([]byte, 4096), Sense: make([]byte, MaxSenseLen)}, 0)
+}
+
+// benchCommand executes cmd (4 KiB of data) on a benchmark LUN b.N times; each must end GOOD
+// with dataIn bytes of data in.
+func benchCommand(b *testing.B, cmd *Command, dataIn int) {
 	l := benchLUN(b)
-	cmd := &Command{CDB: cdbWrite16(8, 8), Nexus: nexA, DataOut: make([]byte, 4096), Sense: make([]byte, MaxSenseLen)}
 	ctx := context.Background()
 	b.SetBytes(4096)
 	b.ReportAllocs()
 	for b.Loop() {
-		if r := l.Execute(ctx, cmd); r.Status != StatusGood {
+		if r := l.Execute(ctx, cmd); r.Status != StatusGood || r.DataInLen != dataIn {
 			b.Fatal(r)
 		}
 	}

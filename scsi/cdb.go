@@ -281,25 +281,19 @@ func (l *LUN) parse(cdb []byte, i *CDBInfo) Sense {
 			i.Blocks = 256
 		}
 		return l.parseRW(i, 4)
-	case OpRead10, OpWrite10:
+	case OpRead10, OpWrite10, OpRead12, OpWrite12, OpRead16, OpWrite16:
 		if cdb[1]&0xE0 != 0 { // RDPROTECT/WRPROTECT: no protection information
 			return invalidCDB(1, 7)
 		}
 		i.FUA = cdb[1]&0x08 != 0
-		i.LBA, i.Blocks = uint64(be32(cdb[2:])), be16(cdb[7:])
-		return l.parseRW(i, 7)
-	case OpRead12, OpWrite12:
-		if cdb[1]&0xE0 != 0 {
-			return invalidCDB(1, 7)
+		switch op {
+		case OpRead10, OpWrite10:
+			i.LBA, i.Blocks = uint64(be32(cdb[2:])), be16(cdb[7:])
+			return l.parseRW(i, 7)
+		case OpRead12, OpWrite12:
+			i.LBA, i.Blocks = uint64(be32(cdb[2:])), be32(cdb[6:])
+			return l.parseRW(i, 6)
 		}
-		i.FUA = cdb[1]&0x08 != 0
-		i.LBA, i.Blocks = uint64(be32(cdb[2:])), be32(cdb[6:])
-		return l.parseRW(i, 6)
-	case OpRead16, OpWrite16:
-		if cdb[1]&0xE0 != 0 {
-			return invalidCDB(1, 7)
-		}
-		i.FUA = cdb[1]&0x08 != 0
 		i.LBA, i.Blocks = be64(cdb[2:]), be32(cdb[10:])
 		return l.parseRW(i, 10)
 	case OpVerify10, OpVerify16:

@@ -154,38 +154,36 @@ func cdbRW6(op uint8, lba uint32, n uint8) []byte {
 	return []byte{op, uint8(lba>>16) & 0x1F, uint8(lba >> 8), uint8(lba), n, 0}
 }
 
+// cdbRW is a READ or WRITE CDB of size 10, 12 or 16 bytes (SBC-4): the opcode, FUA, and the
+// LBA and transfer length at that size's offsets.
+func cdbRW(size int, op uint8, lba uint64, n uint32, fua bool) []byte {
+	c := make([]byte, size)
+	c[0] = op
+	if fua {
+		c[1] = 0x08
+	}
+	be := binary.BigEndian
+	switch size {
+	case 10:
+		be.PutUint32(c[2:], uint32(lba))
+		be.PutUint16(c[7:], uint16(n))
+	case 12:
+		be.PutUint32(c[2:], uint32(lba))
+		be.PutUint32(c[6:], n)
+	case 16:
+		be.PutUint64(c[2:], lba)
+		be.PutUint32(c[10:], n)
+	}
+	return c
+}
+
 func cdbRW10(op uint8, lba uint32, n uint16, fua bool) []byte {
-	c := make([]byte, 10)
-	c[0] = op
-	if fua {
-		c[1] = 0x08
-	}
-	binary.BigEndian.PutUint32(c[2:], lba)
-	binary.BigEndian.PutUint16(c[7:], n)
-	return c
+	return cdbRW(10, op, uint64(lba), uint32(n), fua)
 }
-
 func cdbRW12(op uint8, lba uint32, n uint32, fua bool) []byte {
-	c := make([]byte, 12)
-	c[0] = op
-	if fua {
-		c[1] = 0x08
-	}
-	binary.BigEndian.PutUint32(c[2:], lba)
-	binary.BigEndian.PutUint32(c[6:], n)
-	return c
+	return cdbRW(12, op, uint64(lba), n, fua)
 }
-
-func cdbRW16(op uint8, lba uint64, n uint32, fua bool) []byte {
-	c := make([]byte, 16)
-	c[0] = op
-	if fua {
-		c[1] = 0x08
-	}
-	binary.BigEndian.PutUint64(c[2:], lba)
-	binary.BigEndian.PutUint32(c[10:], n)
-	return c
-}
+func cdbRW16(op uint8, lba uint64, n uint32, fua bool) []byte { return cdbRW(16, op, lba, n, fua) }
 
 func cdbRead16(lba uint64, n uint32) []byte  { return cdbRW16(OpRead16, lba, n, false) }
 func cdbWrite16(lba uint64, n uint32) []byte { return cdbRW16(OpWrite16, lba, n, false) }

@@ -228,18 +228,28 @@ func (x *exec) writeSame() Status {
 	return x.commit(false)
 }
 
+// paramList is the parameter list that the command carries in DataOut, cut to the length the
+// CDB gives. ok is false for a length of zero: no list, which is not an error.
+func (x *exec) paramList() (p []byte, ok bool) {
+	plen := int(x.info.Length)
+	if plen == 0 {
+		return nil, false
+	}
+	p = x.cmd.DataOut
+	if len(p) > plen {
+		p = p[:plen]
+	}
+	return p, true
+}
+
 // unmap is UNMAP (SBC-3 5.28). The whole parameter list is validated before anything is
 // discarded. A backend that turns out not to discard after all gets WriteZeroes when LBPRZ is
 // reported (unmapped blocks must read as zeroes), and nothing otherwise (UNMAP is advisory).
 func (x *exec) unmap() Status {
 	l := x.l
-	plen := int(x.info.Length)
-	if plen == 0 {
+	p, ok := x.paramList()
+	if !ok {
 		return x.good()
-	}
-	p := x.cmd.DataOut
-	if len(p) > plen {
-		p = p[:plen]
 	}
 	if len(p) < 8 {
 		return x.check(senseParamListLength)

@@ -120,13 +120,9 @@ func (x *exec) modeSense() Status {
 func (x *exec) modeSelect() Status {
 	l := x.l
 	ten := x.cdb[0] == OpModeSelect10
-	plen := int(x.info.Length)
-	if plen == 0 {
+	p, ok := x.paramList()
+	if !ok {
 		return x.good()
-	}
-	p := x.cmd.DataOut
-	if len(p) > plen {
-		p = p[:plen]
 	}
 	hdr, bdlByte := 4, 3
 	if ten {

@@ -56,46 +56,44 @@ func FuzzParseSense(f *testing.F) {
 	for _, s := range senseSeeds() {
 		f.Add(s)
 	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		fuzzbound.Run(t, func() {
-			s, err := ParseSense(b)
+	fuzzbound.Fuzz(f, func(t *testing.T, b []byte) {
+		s, err := ParseSense(b)
+		if err != nil {
+			if !errors.Is(err, ErrSenseTooShort) && !errors.Is(err, ErrSenseCode) && !errors.Is(err, ErrSenseDescriptors) {
+				t.Errorf("untyped error %v", err)
+			}
+			return
+		}
+		if s.Key > 0x0F {
+			t.Errorf("key %#x", uint8(s.Key))
+		}
+		if s.Field.Valid && s.Key != IllegalRequest {
+			t.Errorf("field pointer with key %v", s.Key)
+		}
+		var enc [MaxSenseLen]byte
+		n := s.EncodeDescriptor(enc[:])
+		back, err := ParseSense(enc[:n])
+		if err != nil {
+			t.Errorf("re-encoded % x: %v", enc[:n], err)
+			return
+		}
+		if normSense(back) != normSense(s) {
+			t.Errorf("round trip %+v -> %+v", s, back)
+		}
+		for k := 8; k < len(b); k++ {
+			p, err := ParseSense(b[:k])
 			if err != nil {
-				if !errors.Is(err, ErrSenseTooShort) && !errors.Is(err, ErrSenseCode) && !errors.Is(err, ErrSenseDescriptors) {
-					t.Errorf("untyped error %v", err)
-				}
+				t.Errorf("prefix of %d bytes: %v (whole: %v)", k, err, s)
 				return
 			}
-			if s.Key > 0x0F {
-				t.Errorf("key %#x", uint8(s.Key))
-			}
-			if s.Field.Valid && s.Key != IllegalRequest {
-				t.Errorf("field pointer with key %v", s.Key)
-			}
-			var enc [MaxSenseLen]byte
-			n := s.EncodeDescriptor(enc[:])
-			back, err := ParseSense(enc[:n])
-			if err != nil {
-				t.Errorf("re-encoded % x: %v", enc[:n], err)
+			// The key is in the header of both formats; ASC and ASCQ are bytes 12-13 of
+			// fixed format, 2-3 of descriptor format.
+			whole := b[0]&0x7F >= SenseDescriptorCurrent || k >= 14
+			if p.Key != s.Key || whole && (p.ASC != s.ASC || p.ASCQ != s.ASCQ) {
+				t.Errorf("prefix of %d bytes: %v, whole: %v", k, p, s)
 				return
 			}
-			if normSense(back) != normSense(s) {
-				t.Errorf("round trip %+v -> %+v", s, back)
-			}
-			for k := 8; k < len(b); k++ {
-				p, err := ParseSense(b[:k])
-				if err != nil {
-					t.Errorf("prefix of %d bytes: %v (whole: %v)", k, err, s)
-					return
-				}
-				// The key is in the header of both formats; ASC and ASCQ are bytes 12-13 of
-				// fixed format, 2-3 of descriptor format.
-				whole := b[0]&0x7F >= SenseDescriptorCurrent || k >= 14
-				if p.Key != s.Key || whole && (p.ASC != s.ASC || p.ASCQ != s.ASCQ) {
-					t.Errorf("prefix of %d bytes: %v, whole: %v", k, p, s)
-					return
-				}
-			}
-		})
+		}
 	})
 }
 

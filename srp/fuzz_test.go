@@ -22,6 +22,8 @@ func checkParseErr(t *testing.T, err error) {
 	}
 }
 
+// fuzzFixed checks a fixed-size IU view: it is the first size bytes, and its fields encode
+// (enc) to bytes that parse to the same fields.
 func fuzzFixed[F comparable, V ~[]byte](t *testing.T, data []byte, size int,
 	parse func([]byte) (V, error), fields func(V) F, enc func(V, *F) (int, error)) {
 	v, err := parse(data)
@@ -50,6 +52,64 @@ func fuzzFixed[F comparable, V ~[]byte](t *testing.T, data []byte, size int,
 	}
 }
 
+// fuzzIU checks a variable-length IU view: its fields encode (enc, into a buffer of the view's
+// length) to bytes that parse to fields eq to them, and encoding those fields again gives the
+// same bytes.
+func fuzzIU[F any, V ~[]byte](t *testing.T, data []byte,
+	parse func([]byte) (V, error), fields func(V) F, enc func(V, *F) (int, error), eq func(a, b *F) bool) {
+	v, err := parse(data)
+	if err != nil {
+		checkParseErr(t, err)
+		return
+	}
+	fl := fields(v)
+	buf := make([]byte, len(v))
+	n, err := enc(V(buf), &fl)
+	if err != nil || n != len(v) {
+		t.Errorf("encode %d/%d %v", n, len(v), err)
+		return
+	}
+	v2, err := parse(buf)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	f2 := fields(v2)
+	if !eq(&f2, &fl) {
+		t.Errorf("re-decoded %+v\nwant       %+v", f2, fl)
+		return
+	}
+	buf3 := make([]byte, n)
+	if enc(V(buf3), &f2); !bytes.Equal(buf3, buf) {
+		t.Errorf("re-encode differs")
+		return
+	}
+}
+
+// fuzzLogin checks a SRP_LOGIN_REQ decoder: what decodes encodes (enc, into size bytes) to
+// bytes that decode to the same request.
+func fuzzLogin(t *testing.T, data []byte, size int, decode func([]byte) (LoginReq, error), enc func(*LoginReq, []byte) (int, error)) {
+	r, err := decode(data)
+	if err != nil {
+		checkParseErr(t, err)
+		return
+	}
+	b := make([]byte, size)
+	enc(&r, b)
+	if r2, err := decode(b); err != nil || r2 != r {
+		t.Errorf("%+v %v", r2, err)
+		return
+	}
+}
+
+// fuzzView is a fuzz target for a fixed-size view (fuzzFixed), seeded with seeds and each
+// seed less its last byte.
+func fuzzView[F comparable, V ~[]byte](f *testing.F, size int, parse func([]byte) (V, error), fields func(V) F,
+	enc func(V, *F) (int, error), seeds ...[]byte) {
+	addSeeds(f, seeds...)
+	fuzzbound.Fuzz(f, func(t *testing.T, data []byte) { fuzzFixed(t, data, size, parse, fields, enc) })
+}
+
 func addSeeds(f *testing.F, seeds ...[]byte) {
 	for _, s := range seeds {
 		f.Add(s)
@@ -61,176 +121,66 @@ func addSeeds(f *testing.F, seeds ...[]byte) {
 
 func FuzzDecodeLoginReq(f *testing.F) {
 	addSeeds(f, kLoginReq, kLoginReqMulti)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() {
-			r, err := DecodeLoginReq(data)
-			if err != nil {
-				checkParseErr(t, err)
-				return
-			}
-			var b [LoginReqLen]byte
-			r.Encode(b[:])
-			if r2, err := DecodeLoginReq(b[:]); err != nil || r2 != r {
-				t.Errorf("%+v %v", r2, err)
-				return
-			}
-		})
+	fuzzbound.Fuzz(f, func(t *testing.T, data []byte) {
+		fuzzLogin(t, data, LoginReqLen, DecodeLoginReq, (*LoginReq).Encode)
 	})
 }
 
 func FuzzDecodeLoginReqRDMA(f *testing.F) {
 	addSeeds(f, capLoginReqRDMA)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() {
-			r, err := DecodeLoginReqRDMA(data)
-			if err != nil {
-				checkParseErr(t, err)
-				return
-			}
-			var b [LoginReqRDMALen]byte
-			r.EncodeRDMA(b[:])
-			if r2, err := DecodeLoginReqRDMA(b[:]); err != nil || r2 != r {
-				t.Errorf("%+v %v", r2, err)
-				return
-			}
-		})
+	fuzzbound.Fuzz(f, func(t *testing.T, data []byte) {
+		fuzzLogin(t, data, LoginReqRDMALen, DecodeLoginReqRDMA, (*LoginReq).EncodeRDMA)
 	})
 }
 
 func FuzzParseLoginRsp(f *testing.F) {
-	addSeeds(f, capLoginRsp, kLoginRspMaint)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() {
-			fuzzFixed(t, data, LoginRspLen, ParseLoginRsp, LoginRsp.Fields, LoginRsp.Encode)
-		})
-	})
+	fuzzView(f, LoginRspLen, ParseLoginRsp, LoginRsp.Fields, LoginRsp.Encode, capLoginRsp, kLoginRspMaint)
 }
 
 func FuzzParseLoginRej(f *testing.F) {
-	addSeeds(f, capLoginRej)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() {
-			fuzzFixed(t, data, LoginRejLen, ParseLoginRej, LoginRej.Fields, LoginRej.Encode)
-		})
-	})
+	fuzzView(f, LoginRejLen, ParseLoginRej, LoginRej.Fields, LoginRej.Encode, capLoginRej)
 }
 
 func FuzzParseILogout(f *testing.F) {
-	addSeeds(f, kILogout)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() {
-			fuzzFixed(t, data, ILogoutLen, ParseILogout, ILogout.Fields, ILogout.Encode)
-		})
-	})
+	fuzzView(f, ILogoutLen, ParseILogout, ILogout.Fields, ILogout.Encode, kILogout)
 }
 
 func FuzzParseTLogout(f *testing.F) {
-	addSeeds(f, kTLogout)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() {
-			fuzzFixed(t, data, TLogoutLen, ParseTLogout, TLogout.Fields, TLogout.Encode)
-		})
-	})
+	fuzzView(f, TLogoutLen, ParseTLogout, TLogout.Fields, TLogout.Encode, kTLogout)
 }
 
 func FuzzParseTskMgmt(f *testing.F) {
-	addSeeds(f, kTskAbort, kTskLUNReset)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() {
-			fuzzFixed(t, data, TskMgmtLen, ParseTskMgmt, TskMgmt.Fields, TskMgmt.Encode)
-		})
-	})
+	fuzzView(f, TskMgmtLen, ParseTskMgmt, TskMgmt.Fields, TskMgmt.Encode, kTskAbort, kTskLUNReset)
 }
 
 func FuzzParseCredReq(f *testing.F) {
-	addSeeds(f, kCredReq)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() {
-			fuzzFixed(t, data, CredReqLen, ParseCredReq, CredReq.Fields, CredReq.Encode)
-		})
-	})
+	fuzzView(f, CredReqLen, ParseCredReq, CredReq.Fields, CredReq.Encode, kCredReq)
 }
 
 func FuzzParseCredRsp(f *testing.F) {
-	addSeeds(f, kCredRsp)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() {
-			fuzzFixed(t, data, CredRspLen, ParseCredRsp, CredRsp.Fields, CredRsp.Encode)
-		})
-	})
+	fuzzView(f, CredRspLen, ParseCredRsp, CredRsp.Fields, CredRsp.Encode, kCredRsp)
 }
 
 func FuzzParseAerRsp(f *testing.F) {
-	addSeeds(f, kAerRsp)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() {
-			fuzzFixed(t, data, AerRspLen, ParseAerRsp, AerRsp.Fields, AerRsp.Encode)
-		})
-	})
+	fuzzView(f, AerRspLen, ParseAerRsp, AerRsp.Fields, AerRsp.Encode, kAerRsp)
 }
 
 func FuzzParseAerReq(f *testing.F) {
 	addSeeds(f, kAerReq)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() {
-			a, err := ParseAerReq(data)
-			if err != nil {
-				checkParseErr(t, err)
-				return
-			}
-			fl := a.Fields()
-			buf := make([]byte, len(a))
-			n, err := AerReq(buf).Encode(&fl)
-			if err != nil || n != len(a) {
-				t.Errorf("encode %d %v", n, err)
-				return
-			}
-			a2, err := ParseAerReq(buf)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			if f2 := a2.Fields(); !eqAer(&f2, &fl) {
-				t.Errorf("re-decoded %+v", f2)
-				return
-			}
-		})
+	fuzzbound.Fuzz(f, func(t *testing.T, data []byte) {
+		fuzzIU(t, data, ParseAerReq, AerReq.Fields, AerReq.Encode, eqAer)
 	})
 }
 
 func FuzzParseRsp(f *testing.F) {
 	addSeeds(f, capRspGood, capRspDIUnder, capRspSense, kRspTM, kRspDOOver, kRspBoth)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() {
-			r, err := ParseRsp(data)
-			if err != nil {
-				checkParseErr(t, err)
-				return
-			}
-			fl := r.Fields()
+	fuzzbound.Fuzz(f, func(t *testing.T, data []byte) {
+		if r, err := ParseRsp(data); err == nil {
 			r.TMResponse()
-			buf := make([]byte, len(r))
-			n, err := Rsp(buf).Encode(&fl, len(r))
-			if err != nil || n != len(r) {
-				t.Errorf("encode %d %v", n, err)
-				return
-			}
-			r2, err := ParseRsp(buf)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			f2 := r2.Fields()
-			if !eqRsp(&f2, &fl) {
-				t.Errorf("re-decoded %+v\nwant       %+v", f2, fl)
-				return
-			}
-			buf3 := make([]byte, n)
-			if Rsp(buf3).Encode(&f2, 0); !bytes.Equal(buf3, buf) {
-				t.Errorf("re-encode differs")
-				return
-			}
-		})
+		}
+		// The re-encode (of the fields parsed back) passed 0, no limit, as maxIULen, which is
+		// the same as the buffer's length: the fields were parsed from that many bytes.
+		fuzzIU(t, data, ParseRsp, Rsp.Fields, func(r Rsp, f *RspFields) (int, error) { return r.Encode(f, len(r)) }, eqRsp)
 	})
 }
 
@@ -246,40 +196,18 @@ func FuzzParseCmd(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, immOff uint16) {
 		fuzzbound.Run(t, func() {
 			off := int(immOff)
-			c, err := ParseCmd(data, off)
-			if err != nil {
-				checkParseErr(t, err)
-				return
-			}
-			fl := c.Fields(off)
-			for _, d := range []DataBuf{fl.DataOut, fl.DataIn} {
-				for i := 0; i < d.NumDescs(); i++ {
-					_ = d.Desc(i)
+			if c, err := ParseCmd(data, off); err == nil {
+				fl := c.Fields(off)
+				for _, d := range []DataBuf{fl.DataOut, fl.DataIn} {
+					for i := 0; i < d.NumDescs(); i++ {
+						_ = d.Desc(i)
+					}
+					_ = d.External()
+					_ = d.DataLen()
 				}
-				_ = d.External()
-				_ = d.DataLen()
 			}
-			buf := make([]byte, len(c))
-			n, err := Cmd(buf).Encode(&fl)
-			if err != nil || n != len(c) {
-				t.Errorf("encode %d/%d %v", n, len(c), err)
-				return
-			}
-			c2, err := ParseCmd(buf, off)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			f2 := c2.Fields(off)
-			if !eqCmd(&f2, &fl) {
-				t.Errorf("re-decoded %+v\nwant       %+v", f2, fl)
-				return
-			}
-			buf3 := make([]byte, n)
-			if Cmd(buf3).Encode(&f2); !bytes.Equal(buf3, buf) {
-				t.Errorf("re-encode differs")
-				return
-			}
+			fuzzIU(t, data, func(b []byte) (Cmd, error) { return ParseCmd(b, off) },
+				func(c Cmd) CmdFields { return c.Fields(off) }, Cmd.Encode, eqCmd)
 		})
 	})
 }
@@ -287,21 +215,19 @@ func FuzzParseCmd(f *testing.F) {
 func FuzzParseDescList(f *testing.F) {
 	f.Add(kCmdIndirectIn[68:])
 	f.Add(kCmdIndirectIn[67:])
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() {
-			l, err := ParseDescList(data)
-			if err != nil {
-				checkParseErr(t, err)
-				return
-			}
-			var b []byte
-			for i := 0; i < l.Len(); i++ {
-				b = l.At(i).Append(b)
-			}
-			if !bytes.Equal(b, data) {
-				t.Error("descriptor list does not round trip")
-				return
-			}
-		})
+	fuzzbound.Fuzz(f, func(t *testing.T, data []byte) {
+		l, err := ParseDescList(data)
+		if err != nil {
+			checkParseErr(t, err)
+			return
+		}
+		var b []byte
+		for i := 0; i < l.Len(); i++ {
+			b = l.At(i).Append(b)
+		}
+		if !bytes.Equal(b, data) {
+			t.Error("descriptor list does not round trip")
+			return
+		}
 	})
 }

@@ -248,17 +248,27 @@ func TestAdmitRequest(t *testing.T) {
 		ctx  context.Context
 		done func()
 	}
-	var got []adm
-	for i := 0; i < 5; i++ {
-		ctx, done, ok := admitCtx(b, a)
-		if !ok {
-			t.Fatalf("request %d within the burst refused", i)
+	// admit admits n requests from src (each must be); refuse checks that the next is not.
+	admit := func(src netip.Addr, n int, what string) []adm {
+		t.Helper()
+		var as []adm
+		for i := 0; i < n; i++ {
+			ctx, done, ok := admitCtx(b, src)
+			if !ok {
+				t.Fatalf("%s: request %d refused", what, i)
+			}
+			as = append(as, adm{ctx, done})
 		}
-		got = append(got, adm{ctx, done})
+		return as
 	}
-	if _, _, ok := admitCtx(b, a); ok {
-		t.Fatal("request over the burst admitted")
+	refuse := func(src netip.Addr, what string) {
+		t.Helper()
+		if _, _, ok := admitCtx(b, src); ok {
+			t.Fatalf("%s: admitted", what)
+		}
 	}
+	got := admit(a, 5, "within the burst")
+	refuse(a, "over the burst")
 	// Three pending at most: the first two were evicted, oldest first.
 	for i, g := range got {
 		if evicted := g.ctx.Err() != nil; evicted != (i < 2) {
@@ -269,24 +279,12 @@ func TestAdmitRequest(t *testing.T) {
 		t.Fatalf("usage %+v", u)
 	}
 	advance(200 * time.Millisecond) // two tokens
-	for i := 0; i < 2; i++ {
-		ctx, done, ok := admitCtx(b, a)
-		if !ok {
-			t.Fatalf("refill %d refused", i)
-		}
-		got = append(got, adm{ctx, done})
-	}
-	if _, _, ok := admitCtx(b, a); ok {
-		t.Fatal("admitted beyond the refill")
-	}
+	got = append(got, admit(a, 2, "refill")...)
+	refuse(a, "beyond the refill")
 	// Fill the table from other sources: the busiest (a, 3 pending) loses its oldest.
 	var others []adm
 	for i := 0; i < 5; i++ {
-		ctx, done, ok := admitCtx(b, netip.AddrFrom4([4]byte{10, 0, 1, byte(i)}))
-		if !ok {
-			t.Fatal(i)
-		}
-		others = append(others, adm{ctx, done})
+		others = append(others, admit(netip.AddrFrom4([4]byte{10, 0, 1, byte(i)}), 1, "another source")...)
 	}
 	if u := b.Usage(); u.PendingLogins != 8 {
 		t.Fatalf("pending %d, want 8", u.PendingLogins)

@@ -226,6 +226,33 @@ func (ch *channel) postRecv(slot int) error {
 	return nil
 }
 
+// onWCs handles a batch of completions.
+func (ch *channel) onWCs(wcs []transport.WC) {
+	for i := range wcs {
+		ch.onWC(&wcs[i])
+	}
+}
+
+// afterWCs is the rest of a loop round after the completions: the queued events, the request
+// checks and the credit request. It reports whether an event ran.
+func (ch *channel) afterWCs() (progress bool) {
+drain:
+	for {
+		select {
+		case ev := <-ch.events:
+			ch.onEvent(ev)
+			progress = true
+		default:
+			break drain
+		}
+	}
+	ch.checkRequest()
+	if ch.st() == chLive {
+		ch.maybeCredReq()
+	}
+	return progress
+}
+
 // run is the channel's loop.
 func (ch *channel) run() {
 	defer ch.t.loops.Done()
@@ -255,30 +282,15 @@ func (ch *channel) run() {
 		default:
 		}
 		if n, _, _ := ch.cqp.Take(wcs); n > 0 { // what the handler left (it fits: same size)
-			for i := range wcs[:n] {
-				ch.onWC(&wcs[i])
-			}
+			ch.onWCs(wcs[:n])
 			progress = true
 		}
 		if n := ch.cqp.Poll(wcs); n > 0 {
-			for i := range wcs[:n] {
-				ch.onWC(&wcs[i])
-			}
+			ch.onWCs(wcs[:n])
 			progress = true
 		}
-	drain:
-		for {
-			select {
-			case ev := <-ch.events:
-				ch.onEvent(ev)
-				progress = true
-			default:
-				break drain
-			}
-		}
-		ch.checkRequest()
-		if ch.st() == chLive {
-			ch.maybeCredReq()
+		if ch.afterWCs() {
+			progress = true
 		}
 		if s := ch.st(); s != chLive {
 			if ch.drained() {

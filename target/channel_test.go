@@ -189,10 +189,7 @@ func TestAbortTask(t *testing.T) {
 func TestLUNReset(t *testing.T) {
 	const depth = 16
 	e := newEnv(t, envOpts{nLUNs: 2, limits: Limits{QueueDepth: depth, LUNWorkers: 2}})
-	a := e.mustLogin(defaultLogin())
-	multi := defaultLogin()
-	multi.Flags = srp.MultiChanMulti
-	b := e.mustLogin(multi)
+	a, b := e.twoChannels()
 	a.clearUA(0, 1)
 	rng := rand.New(rand.NewPCG(17, 18))
 	e.gates[0].hold()
@@ -285,10 +282,8 @@ func TestTaskManagementFunctions(t *testing.T) {
 	a.clearUA(0)
 	b.clearUA(0)
 	rng := rand.New(rand.NewPCG(19, 20))
-	e3.gates[0].hold()
 	ax := &xfer{lba: 0, blocks: 1}
-	a.issue(ax, 1, rng)
-	e3.gates[0].waitInside(t, 1)
+	e3.issueHeld(a, ax, rng)
 	bx := &xfer{lba: 8, blocks: 1}
 	b.issue(bx, 1, rng) // queued behind a's command (one worker)
 	ay := &xfer{lba: 16, blocks: 1}
@@ -453,10 +448,7 @@ func make36(op byte) []byte {
 // nothing leaks (goroutines, MRs, memory: checked by the env cleanup).
 func TestDrain(t *testing.T) {
 	e := newEnv(t, envOpts{nLUNs: 2, limits: Limits{QueueDepth: 8, LUNWorkers: 2}})
-	a := e.mustLogin(defaultLogin())
-	multi := defaultLogin()
-	multi.Flags = srp.MultiChanMulti
-	b := e.mustLogin(multi)
+	a, b := e.twoChannels()
 	a.clearUA(0, 1)
 	rng := rand.New(rand.NewPCG(23, 24))
 	e.gates[0].hold()
@@ -496,23 +488,14 @@ func TestDrainHungBackend(t *testing.T) {
 	in := e.mustLogin(defaultLogin())
 	in.clearUA(0)
 	rng := rand.New(rand.NewPCG(25, 26))
-	e.gates[0].hold()
 	x := &xfer{lba: 0, blocks: 8}
-	in.issue(x, 1, rng)
-	e.gates[0].waitInside(t, 1)
+	e.issueHeld(in, x, rng)
 	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
 	defer cancel()
 	start := time.Now()
 	closed := make(chan error, 1)
 	go func() { closed <- in.ch.Close(ctx) }()
-	select {
-	case err := <-closed:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(waitLong):
-		t.Fatal("channel close hung")
-	}
+	awaitNil(t, closed, "channel close hung")
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("channel close took %v", d)
 	}

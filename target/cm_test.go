@@ -118,12 +118,5 @@ func TestServeCM(t *testing.T) {
 	case <-time.After(waitLong):
 		t.Fatal("no DREQ from the target")
 	}
-	select {
-	case err := <-served:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(waitLong):
-		t.Fatal("Serve did not return")
-	}
+	awaitNil(t, served, "Serve did not return")
 }

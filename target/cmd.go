@@ -347,15 +347,9 @@ func (ch *channel) respondCmd(c *ioCtx) {
 	}
 	var delta int32
 	if c.credit {
-		delta = ch.cr.respond()
-		c.credit = false
-		ch.owed--
-		ch.publishCredits()
+		delta = ch.returnCredit(c)
 	}
-	var sol srp.SolNot
-	if (st == scsi.StatusGood && c.solNot&srp.SCSOLNT != 0) || (st != scsi.StatusGood && c.solNot&srp.UCSOLNT != 0) {
-		sol = srp.SOLNT
-	}
+	sol := solicited(st == scsi.StatusGood, c.solNot)
 	n, err := srp.Rsp(c.rsp).Encode(&srp.RspFields{
 		SolNot: sol, ReqLimDelta: delta, Tag: c.tag, Flags: r.flags, Status: uint8(st),
 		DataOutResid: r.doResid, DataInResid: r.diResid, Sense: sense,
@@ -482,17 +476,30 @@ func (ch *channel) finishTM(c *ioCtx) {
 	ch.respondTM(c, c.tmCode)
 }
 
-// respondTM sends the SRP_RSP of a task management request: RSPVALID with 4 bytes of response
-// data, the code in byte 3 (always sent, success included).
-func (ch *channel) respondTM(c *ioCtx, code srp.TMResponse) {
+// returnCredit gives the credit c holds back with its response: the request limit delta that
+// the response carries.
+func (ch *channel) returnCredit(c *ioCtx) int32 {
 	delta := ch.cr.respond()
 	c.credit = false
 	ch.owed--
 	ch.publishCredits()
-	var sol srp.SolNot
-	if (code == srp.TMSuccess && c.solNot&srp.SCSOLNT != 0) || (code != srp.TMSuccess && c.solNot&srp.UCSOLNT != 0) {
-		sol = srp.SOLNT
+	return delta
+}
+
+// solicited is the SOLNT bit of a response: set when the request asked for a solicited
+// notification of this outcome (SCSOLNT for success, UCSOLNT otherwise).
+func solicited(success bool, asked srp.SolNot) srp.SolNot {
+	if (success && asked&srp.SCSOLNT != 0) || (!success && asked&srp.UCSOLNT != 0) {
+		return srp.SOLNT
 	}
+	return 0
+}
+
+// respondTM sends the SRP_RSP of a task management request: RSPVALID with 4 bytes of response
+// data, the code in byte 3 (always sent, success included).
+func (ch *channel) respondTM(c *ioCtx, code srp.TMResponse) {
+	delta := ch.returnCredit(c)
+	sol := solicited(code == srp.TMSuccess, c.solNot)
 	resp := [4]byte{3: byte(code)}
 	n, _ := srp.Rsp(c.rsp).Encode(&srp.RspFields{SolNot: sol, ReqLimDelta: delta, Tag: c.tag, RespData: resp[:]}, ch.tiLen)
 	if code != srp.TMSuccess {

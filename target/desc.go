@@ -78,34 +78,32 @@ type residuals struct {
 // A descriptor for a direction the CDB does not use is all underflow; a CDB transfer with no
 // descriptor all overflow. Counts saturate at 2^32−1.
 func computeResiduals(dir scsi.Direction, cdbLen uint32, produced int, dOut, dIn uint64) residuals {
-	var r residuals
-	var wantOut uint64
+	var wantOut, got uint64
 	if dir == scsi.DirOut {
 		wantOut = uint64(cdbLen)
 	}
-	r.xferOut = uint32(min(wantOut, dOut))
-	switch {
-	case wantOut > dOut:
-		r.flags |= srp.DOOver
-		r.doResid = sat32(wantOut - dOut)
-	case dOut > wantOut:
-		r.flags |= srp.DOUnder
-		r.doResid = sat32(dOut - wantOut)
-	}
-	var got uint64
 	if dir == scsi.DirIn && produced > 0 {
 		got = uint64(produced)
 	}
-	r.xferIn = uint32(min(got, dIn))
-	switch {
-	case got > dIn:
-		r.flags |= srp.DIOver
-		r.diResid = sat32(got - dIn)
-	case dIn > got:
-		r.flags |= srp.DIUnder
-		r.diResid = sat32(dIn - got)
-	}
+	var r residuals
+	var fOut, fIn srp.RspFlags
+	r.xferOut, fOut, r.doResid = residual(wantOut, dOut, srp.DOOver, srp.DOUnder)
+	r.xferIn, fIn, r.diResid = residual(got, dIn, srp.DIOver, srp.DIUnder)
+	r.flags = fOut | fIn
 	return r
+}
+
+// residual is one direction of computeResiduals: of want bytes that the command moves and have
+// bytes that the descriptors describe, min(want, have) move; more wanted is an overflow (flag
+// over, residual want − have), more described an underflow (flag under, residual have − want).
+func residual(want, have uint64, over, under srp.RspFlags) (xfer uint32, flag srp.RspFlags, resid uint32) {
+	switch {
+	case want > have:
+		flag, resid = over, sat32(want-have)
+	case have > want:
+		flag, resid = under, sat32(have-want)
+	}
+	return uint32(min(want, have)), flag, resid
 }
 
 func sat32(v uint64) uint32 {

@@ -110,25 +110,26 @@ func TestCreditAccounting(t *testing.T) {
 	}
 	out++
 	check("overrun")
-	if d := c.respond(); d != 1 {
-		t.Fatalf("overrun response delta %d", d)
+	// respond answers a request, dropped ends one without a response (an aborted command).
+	respond := func(step string, want int32) {
+		t.Helper()
+		if d := c.respond(); d != want {
+			t.Fatalf("%s: delta %d, want %d", step, d, want)
+		}
+		out--
+		check(step)
 	}
-	out--
-	check("overrun answered")
-	c.dropped() // an aborted command
-	out--
-	check("dropped")
-	c.dropped()
-	out--
-	check("dropped")
-	if d := c.respond(); d != 3 {
-		t.Fatalf("delta %d, want 1 + 2 owed", d)
+	dropped := func() {
+		t.Helper()
+		c.dropped()
+		out--
+		check("dropped")
 	}
-	out--
-	check("respond")
-	c.dropped()
-	out--
-	check("dropped")
+	respond("overrun answered", 1)
+	dropped()
+	dropped()
+	respond("respond (1 + 2 owed)", 3)
+	dropped()
 	if d := c.credReq(); d != 1 {
 		t.Fatalf("cred req delta %d", d)
 	}

@@ -324,24 +324,11 @@ func (f *fakeChan) drive(tb testing.TB) {
 	for {
 		progress := false
 		if n := f.cq.Poll(f.wcs); n > 0 {
-			for i := range f.wcs[:n] {
-				ch.onWC(&f.wcs[i])
-			}
+			ch.onWCs(f.wcs[:n])
 			progress = true
 		}
-	drain:
-		for {
-			select {
-			case ev := <-ch.events:
-				ch.onEvent(ev)
-				progress = true
-			default:
-				break drain
-			}
-		}
-		ch.checkRequest()
-		if ch.st() == chLive {
-			ch.maybeCredReq()
+		if ch.afterWCs() {
+			progress = true
 		}
 		if ch.st() == chLoggingOut && !ch.ctl[0].busy {
 			ch.disconnect()

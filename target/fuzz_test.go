@@ -94,9 +94,7 @@ func FuzzChannelIU(f *testing.F) {
 	f.Add(joinIUs(cr[:]))
 	f.Add(joinIUs([]byte{0x02}, []byte{}, []byte{0x77, 1, 2}))
 	f.Add(joinIUs(ext[:60]))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() { checkChannelIU(t, data) })
-	})
+	fuzzbound.Fuzz(f, checkChannelIU)
 }
 
 // checkChannelIU is one FuzzChannelIU input.

@@ -414,6 +414,39 @@ func (e *env) loginDirect(req srp.LoginReq) (*tini, LoginDecision) {
 	return in, d
 }
 
+// awaitNil waits (waitLong at most) for the error that errc delivers and fails t unless it is
+// nil; timeout is the failure when none comes.
+func awaitNil(t testing.TB, errc <-chan error, timeout string) {
+	t.Helper()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(waitLong):
+		t.Fatal(timeout)
+	}
+}
+
+// issueHeld issues x (one credit) on in with LUN 0's gate held, and waits until x is in the
+// backend, held there.
+func (e *env) issueHeld(in *tini, x *xfer, rng *rand.Rand) {
+	e.t.Helper()
+	e.gates[0].hold()
+	in.issue(x, 1, rng)
+	e.gates[0].waitInside(e.t, 1)
+}
+
+// twoChannels logs in two channels of one session: the default login, then a second one that
+// asks for multi-channel (SRP_MULTICHAN_MULTI).
+func (e *env) twoChannels() (*tini, *tini) {
+	e.t.Helper()
+	a := e.mustLogin(defaultLogin())
+	multi := defaultLogin()
+	multi.Flags = srp.MultiChanMulti
+	return a, e.mustLogin(multi)
+}
+
 func (e *env) mustLogin(req srp.LoginReq) *tini {
 	e.t.Helper()
 	in, d := e.loginDirect(req)

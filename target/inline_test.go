@@ -76,10 +76,7 @@ func TestInlineFastLUNs(t *testing.T) {
 func TestInlineOrdered(t *testing.T) {
 	const depth = 16
 	e := newEnv(t, envOpts{fastGates: true, limits: Limits{QueueDepth: depth, LUNWorkers: 4}})
-	a := e.mustLogin(defaultLogin())
-	multi := defaultLogin()
-	multi.Flags = srp.MultiChanMulti
-	b := e.mustLogin(multi)
+	a, b := e.twoChannels()
 	a.clearUA(0)
 	g := e.gates[0]
 	rng := rand.New(rand.NewPCG(23, 24))
@@ -127,10 +124,7 @@ func TestInlineOrdered(t *testing.T) {
 func TestInlineAbort(t *testing.T) {
 	const depth = 16
 	e := newEnv(t, envOpts{fastGates: true, limits: Limits{QueueDepth: depth}})
-	a := e.mustLogin(defaultLogin())
-	multi := defaultLogin()
-	multi.Flags = srp.MultiChanMulti
-	b := e.mustLogin(multi)
+	a, b := e.twoChannels()
 	a.clearUA(0)
 	g := e.gates[0]
 	rng := rand.New(rand.NewPCG(25, 26))

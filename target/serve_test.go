@@ -218,14 +218,7 @@ func TestServe(t *testing.T) {
 	if o.conn.disconnects() == 0 {
 		t.Fatal("no disconnect after T_LOGOUT")
 	}
-	select {
-	case err := <-serveErr:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(waitLong):
-		t.Fatal("Serve did not return after Close")
-	}
+	awaitNil(t, serveErr, "Serve did not return after Close")
 	// Logins after Close are not accepted.
 	if _, d := e.loginDirect(defaultLogin()); d.Accepted || d.Cause != CauseShuttingDown {
 		t.Fatalf("login after close: %+v", d)

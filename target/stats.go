@@ -212,23 +212,19 @@ func (t *Target) Sessions() []SessionStats {
 	defer t.mu.Unlock()
 	out := make([]SessionStats, 0, len(t.sessions))
 	for _, s := range t.sessions {
-		ss := SessionStats{
-			ID: s.id, Initiator: s.initiator, ACL: s.view.name,
-			ClosedChannels: s.closed.channels,
-			Commands:       s.closed.commands, BytesIn: s.closed.bytesIn, BytesOut: s.closed.bytesOut,
-			TaskMgmt: s.closed.taskMgmt, Errors: s.closed.errors, Aborted: s.closed.aborted,
-		}
+		var live []ChannelStats
+		all := s.closed // the closed channels' counters, plus the live ones'
 		for _, ch := range s.channels {
 			c := ch.snapshot()
-			ss.Channels = append(ss.Channels, c)
-			ss.Commands += c.Commands
-			ss.BytesIn += c.BytesIn
-			ss.BytesOut += c.BytesOut
-			ss.TaskMgmt += c.TaskMgmt
-			ss.Errors += c.CmdErrors + c.Errors + c.BadIUs
-			ss.Aborted += c.Aborted
+			live = append(live, c)
+			all.add(c)
 		}
-		out = append(out, ss)
+		out = append(out, SessionStats{
+			ID: s.id, Initiator: s.initiator, ACL: s.view.name, Channels: live,
+			ClosedChannels: s.closed.channels,
+			Commands:       all.commands, BytesIn: all.bytesIn, BytesOut: all.bytesOut,
+			TaskMgmt: all.taskMgmt, Errors: all.errors, Aborted: all.aborted,
+		})
 	}
 	return out
 }

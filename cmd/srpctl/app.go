@@ -206,6 +206,57 @@ func row(w io.Writer, cols ...any) {
 	fmt.Fprintln(w, strings.Join(s, "\t"))
 }
 
+// query returns the RunE of a command that asks srpd one thing (get) and prints the answer: as
+// JSON with -o json, else with text. The list commands return the API's list object (e.g.
+// ctlapi.LUNList), so that their JSON is the control API's.
+func query[T any](a *app, get func(ctx context.Context, c *ctlapi.Client, argv []string) (T, error), text func(T) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, argv []string) error {
+		return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+			v, err := get(ctx, c, argv)
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return a.printJSON(v)
+			}
+			return text(v)
+		})
+	}
+}
+
+// listCmd is a group's "list" (alias "ls") subcommand.
+func listCmd(use, short string, nargs int, run func(*cobra.Command, []string) error) *cobra.Command {
+	return &cobra.Command{Use: use, Aliases: []string{"ls"}, Short: short, Args: args(nargs), RunE: run}
+}
+
+// add runs a command that creates something in srpd (do) and confirms it: -o json prints what
+// srpd answered, the table mode the line msg makes of it.
+func add[T any](a *app, cmd *cobra.Command, do func(ctx context.Context, c *ctlapi.Client) (T, error), msg func(T) string) error {
+	return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+		v, err := do(ctx, c)
+		if err != nil {
+			return err
+		}
+		return a.done(v, "%s", msg(v))
+	})
+}
+
+// act runs a command that removes or stops something in srpd (do) and confirms it with the
+// message in table mode (nothing in JSON mode).
+func (a *app) act(cmd *cobra.Command, do func(ctx context.Context, c *ctlapi.Client) error, format string, args ...any) error {
+	return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+		if err := do(ctx, c); err != nil {
+			return err
+		}
+		return a.done(nil, format, args...)
+	})
+}
+
+// persistFlag adds --persist, which makes a change also rewrite srpd's configuration file.
+func persistFlag(cmd *cobra.Command, persist *bool) {
+	cmd.Flags().BoolVar(persist, "persist", false, "also write the change to srpd's configuration file")
+}
+
 // done prints a confirmation in table mode (JSON mode prints v, or nothing when v is nil).
 func (a *app) done(v any, format string, args ...any) error {
 	if a.json() {

@@ -26,25 +26,12 @@ func parseLUN(s string) (int, error) {
 
 func newLUNCmd(a *app) *cobra.Command {
 	return newGroup("lun", "List, add and remove the LUNs of a target",
-		&cobra.Command{
-			Use:     "list TARGET",
-			Aliases: []string{"ls"},
-			Short:   "List a target's LUNs",
-			Args:    args(1),
-			RunE: func(cmd *cobra.Command, argv []string) error {
-				return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-					ls, err := c.ListLUNs(ctx, argv[0])
-					if err != nil {
-						return err
-					}
-					if a.json() {
-						return a.printJSON(ctlapi.LUNList{LUNs: nonNil(ls)})
-					}
-					a.printLUNs(ls)
-					return nil
-				})
+		listCmd("list TARGET", "List a target's LUNs", 1, query(a,
+			func(ctx context.Context, c *ctlapi.Client, argv []string) (ctlapi.LUNList, error) {
+				ls, err := c.ListLUNs(ctx, argv[0])
+				return ctlapi.LUNList{LUNs: nonNil(ls)}, err
 			},
-		},
+			func(l ctlapi.LUNList) error { a.printLUNs(l.LUNs); return nil })),
 		newLUNAddCmd(a),
 		newLUNRemoveCmd(a),
 	)
@@ -99,12 +86,10 @@ func newLUNAddCmd(a *app) *cobra.Command {
 			if l.Size, err = optSize("size", size); err != nil {
 				return err
 			}
-			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-				info, err := c.AddLUN(ctx, argv[0], l, ctlapi.MutateOptions{Persist: persist})
-				if err != nil {
-					return err
-				}
-				return a.done(info, "LUN %d added to target %s: %s %s%s", info.ID, argv[0], info.Backend,
+			return add(a, cmd, func(ctx context.Context, c *ctlapi.Client) (*ctlapi.LUNInfo, error) {
+				return c.AddLUN(ctx, argv[0], l, ctlapi.MutateOptions{Persist: persist})
+			}, func(info *ctlapi.LUNInfo) string {
+				return fmt.Sprintf("LUN %d added to target %s: %s %s%s", info.ID, argv[0], info.Backend,
 					describeBackend(info), persisted(persist))
 			})
 		},
@@ -125,7 +110,7 @@ func newLUNAddCmd(a *app) *cobra.Command {
 	f.StringVar(&rbd.ClusterConfig, "cluster-config", "", "Ceph cluster configuration file (rbd; default "+config.DefaultRBDClusterConfig+")")
 	f.StringVar(&rbd.Client, "client", "", "cephx user, client.<id> (rbd; default "+config.DefaultRBDClient+")")
 	f.StringVar(&rbd.Keyring, "keyring", "", "keyring file with the client's key (rbd; default: the cluster configuration's)")
-	f.BoolVar(&persist, "persist", false, "also write the change to srpd's configuration file")
+	persistFlag(cmd, &persist)
 	_ = cmd.RegisterFlagCompletionFunc("backend", cobra.FixedCompletions(backendChoices, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("block-size", cobra.FixedCompletions([]string{"512", "4096"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
@@ -148,51 +133,46 @@ func lunSource(l config.LUN) string {
 }
 
 func newLUNRemoveCmd(a *app) *cobra.Command {
+	return removeCmd(a, "remove TARGET LUN", "Remove a LUN from a target",
+		"Remove a LUN from a target. A LUN that an ACL lists must be removed from the ACL first.\n\n"+restartNote,
+		parseLUN, (*ctlapi.Client).RemoveLUN, "LUN %d removed from target %s%s")
+}
+
+// removeCmd is the "remove" (alias "rm") subcommand of the LUNs or ACLs of a target: it
+// removes the one that parse reads from the second argument from the target the first names.
+// The confirmation's format takes that key, the target's name and persisted.
+func removeCmd[K any](a *app, use, short, long string, parse func(string) (K, error),
+	remove func(c *ctlapi.Client, ctx context.Context, target string, key K, opts ctlapi.MutateOptions) error, format string,
+) *cobra.Command {
 	var persist bool
 	cmd := &cobra.Command{
-		Use:     "remove TARGET LUN",
+		Use:     use,
 		Aliases: []string{"rm"},
-		Short:   "Remove a LUN from a target",
-		Long:    "Remove a LUN from a target. A LUN that an ACL lists must be removed from the ACL first.\n\n" + restartNote,
+		Short:   short,
+		Long:    long,
 		Args:    args(2),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			id, err := parseLUN(argv[1])
+			key, err := parse(argv[1])
 			if err != nil {
 				return err
 			}
-			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-				if err := c.RemoveLUN(ctx, argv[0], id, ctlapi.MutateOptions{Persist: persist}); err != nil {
-					return err
-				}
-				return a.done(nil, "LUN %d removed from target %s%s", id, argv[0], persisted(persist))
-			})
+			return a.act(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+				return remove(c, ctx, argv[0], key, ctlapi.MutateOptions{Persist: persist})
+			}, format, key, argv[0], persisted(persist))
 		},
 	}
-	cmd.Flags().BoolVar(&persist, "persist", false, "also write the change to srpd's configuration file")
+	persistFlag(cmd, &persist)
 	return cmd
 }
 
 func newACLCmd(a *app) *cobra.Command {
 	return newGroup("acl", "List, add and remove the initiators allowed to log in to a target",
-		&cobra.Command{
-			Use:     "list TARGET",
-			Aliases: []string{"ls"},
-			Short:   "List a target's ACLs",
-			Args:    args(1),
-			RunE: func(cmd *cobra.Command, argv []string) error {
-				return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-					as, err := c.ListACLs(ctx, argv[0])
-					if err != nil {
-						return err
-					}
-					if a.json() {
-						return a.printJSON(ctlapi.ACLList{ACLs: nonNil(as)})
-					}
-					a.printACLs(as)
-					return nil
-				})
+		listCmd("list TARGET", "List a target's ACLs", 1, query(a,
+			func(ctx context.Context, c *ctlapi.Client, argv []string) (ctlapi.ACLList, error) {
+				as, err := c.ListACLs(ctx, argv[0])
+				return ctlapi.ACLList{ACLs: nonNil(as)}, err
 			},
-		},
+			func(l ctlapi.ACLList) error { a.printACLs(l.ACLs); return nil })),
 		newACLAddCmd(a),
 		newACLRemoveCmd(a),
 	)
@@ -238,43 +218,21 @@ initiator no other ACL names.
 				return err
 			}
 			acl := config.ACL{Initiator: ini, LUNs: luns, ReadOnly: readOnly}
-			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-				info, err := c.AddACL(ctx, argv[0], acl, ctlapi.MutateOptions{Persist: persist})
-				if err != nil {
-					return err
-				}
-				return a.done(info, "initiator %s may log in to target %s (LUNs: %s, read-only: %s)%s",
+			return add(a, cmd, func(ctx context.Context, c *ctlapi.Client) (*ctlapi.ACLInfo, error) {
+				return c.AddACL(ctx, argv[0], acl, ctlapi.MutateOptions{Persist: persist})
+			}, func(info *ctlapi.ACLInfo) string {
+				return fmt.Sprintf("initiator %s may log in to target %s (LUNs: %s, read-only: %s)%s",
 					info.Initiator, argv[0], joinInts(info.LUNs), yesNo(info.ReadOnly), persisted(persist))
 			})
 		},
 	}
 	cmd.Flags().IntSliceVar(&luns, "luns", nil, "LUNs the initiator may see (default: all)")
 	cmd.Flags().BoolVar(&readOnly, "read-only", false, "write-protect every LUN for this initiator")
-	cmd.Flags().BoolVar(&persist, "persist", false, "also write the change to srpd's configuration file")
+	persistFlag(cmd, &persist)
 	return cmd
 }
 
 func newACLRemoveCmd(a *app) *cobra.Command {
-	var persist bool
-	cmd := &cobra.Command{
-		Use:     "remove TARGET INITIATOR",
-		Aliases: []string{"rm"},
-		Short:   "Remove an initiator's ACL",
-		Long:    "Remove an initiator's ACL.\n\n" + restartNote,
-		Args:    args(2),
-		RunE: func(cmd *cobra.Command, argv []string) error {
-			ini, err := parseInitiator(argv[1])
-			if err != nil {
-				return err
-			}
-			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-				if err := c.RemoveACL(ctx, argv[0], ini, ctlapi.MutateOptions{Persist: persist}); err != nil {
-					return err
-				}
-				return a.done(nil, "ACL of %s removed from target %s%s", ini, argv[0], persisted(persist))
-			})
-		},
-	}
-	cmd.Flags().BoolVar(&persist, "persist", false, "also write the change to srpd's configuration file")
-	return cmd
+	return removeCmd(a, "remove TARGET INITIATOR", "Remove an initiator's ACL", "Remove an initiator's ACL.\n\n"+restartNote,
+		parseInitiator, (*ctlapi.Client).RemoveACL, "ACL of %s removed from target %s%s")
 }

@@ -16,25 +16,12 @@ import (
 
 func newSessionCmd(a *app) *cobra.Command {
 	var target string
-	list := &cobra.Command{
-		Use:     "list [--target TARGET]",
-		Aliases: []string{"ls"},
-		Short:   "List the initiators logged in to our targets",
-		Args:    args(0),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-				ss, err := c.ListSessions(ctx, ctlapi.SessionFilter{Target: target})
-				if err != nil {
-					return err
-				}
-				if a.json() {
-					return a.printJSON(ctlapi.SessionList{Sessions: nonNil(ss)})
-				}
-				a.printSessions(ss)
-				return nil
-			})
+	list := listCmd("list [--target TARGET]", "List the initiators logged in to our targets", 0, query(a,
+		func(ctx context.Context, c *ctlapi.Client, _ []string) (ctlapi.SessionList, error) {
+			ss, err := c.ListSessions(ctx, ctlapi.SessionFilter{Target: target})
+			return ctlapi.SessionList{Sessions: nonNil(ss)}, err
 		},
-	}
+		func(l ctlapi.SessionList) error { a.printSessions(l.Sessions); return nil }))
 	list.Flags().StringVar(&target, "target", "", "only the sessions of this target")
 	return newGroup("session", "List, show and kill the sessions of initiators logged in to our targets",
 		list,
@@ -42,49 +29,41 @@ func newSessionCmd(a *app) *cobra.Command {
 			Use:   "show ID",
 			Short: "Show a session: initiator, channels, negotiated limits, I/O counters",
 			Args:  args(1),
-			RunE: func(cmd *cobra.Command, argv []string) error {
-				return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-					s, err := c.GetSession(ctx, argv[0])
-					if err != nil {
-						return err
-					}
-					if a.json() {
-						return a.printJSON(s)
-					}
-					tw := a.table()
-					row(tw, "ID:", s.ID)
-					row(tw, "Target:", s.Target)
-					row(tw, "Initiator:", s.Initiator)
-					row(tw, "Remote:", s.Remote)
-					row(tw, "State:", s.State)
-					row(tw, "Logged in:", fmt.Sprintf("%s (%s ago)", s.LoginAt.Format(time.RFC3339), since(a.now(), s.LoginAt)))
-					row(tw, "Channels:", s.Channels)
-					row(tw, "Queue depth:", s.QueueDepth)
-					row(tw, "IU lengths:", fmt.Sprintf("it %d, ti %d", s.MaxITIULen, s.MaxTIIULen))
-					row(tw, "Immediate data:", yesNo(s.ImmediateData))
-					row(tw, "LUNs:", joinInts(s.LUNs))
-					row(tw, "Read-only:", yesNo(s.ReadOnly))
-					st := s.Stats
-					row(tw, "I/O:", fmt.Sprintf("%d commands, %s read, %s written, %d errors, %d task management, %d credit stalls",
-						st.Commands, config.Size(st.ReadBytes), config.Size(st.WriteBytes), st.Errors, st.TaskMgmt, st.CreditStalls))
-					return tw.Flush()
-				})
-			},
+			RunE: query(a, func(ctx context.Context, c *ctlapi.Client, argv []string) (*ctlapi.SessionInfo, error) {
+				return c.GetSession(ctx, argv[0])
+			}, a.printSession),
 		},
 		&cobra.Command{
 			Use:   "kill ID",
 			Short: "Log an initiator out (it may log in again if its ACL allows)",
 			Args:  args(1),
 			RunE: func(cmd *cobra.Command, argv []string) error {
-				return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-					if err := c.KillSession(ctx, argv[0]); err != nil {
-						return err
-					}
-					return a.done(nil, "session %s killed", argv[0])
-				})
+				return a.act(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+					return c.KillSession(ctx, argv[0])
+				}, "session %s killed", argv[0])
 			},
 		},
 	)
+}
+
+func (a *app) printSession(s *ctlapi.SessionInfo) error {
+	tw := a.table()
+	row(tw, "ID:", s.ID)
+	row(tw, "Target:", s.Target)
+	row(tw, "Initiator:", s.Initiator)
+	row(tw, "Remote:", s.Remote)
+	row(tw, "State:", s.State)
+	row(tw, "Logged in:", fmt.Sprintf("%s (%s ago)", s.LoginAt.Format(time.RFC3339), since(a.now(), s.LoginAt)))
+	row(tw, "Channels:", s.Channels)
+	row(tw, "Queue depth:", s.QueueDepth)
+	row(tw, "IU lengths:", fmt.Sprintf("it %d, ti %d", s.MaxITIULen, s.MaxTIIULen))
+	row(tw, "Immediate data:", yesNo(s.ImmediateData))
+	row(tw, "LUNs:", joinInts(s.LUNs))
+	row(tw, "Read-only:", yesNo(s.ReadOnly))
+	st := s.Stats
+	row(tw, "I/O:", fmt.Sprintf("%d commands, %s read, %s written, %d errors, %d task management, %d credit stalls",
+		st.Commands, config.Size(st.ReadBytes), config.Size(st.WriteBytes), st.Errors, st.TaskMgmt, st.CreditStalls))
+	return tw.Flush()
 }
 
 func (a *app) printSessions(ss []ctlapi.SessionInfo) {
@@ -139,22 +118,11 @@ Remote LUNs can be exported over NBD with --nbd LUN=SOCKET.`,
 		Args: argsRange(0, 1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			if file != "" {
-				for _, f := range []string{"address", "port", "target-port-id", "initiator-ext", "transport", "source", "ch-count",
-					"queue-depth", "max-it-iu-len", "no-immediate-data", "connect-timeout", "reconnect-delay", "fast-io-fail-tmo", "dev-loss-tmo", "nbd"} {
-					if cmd.Flags().Changed(f) {
-						return usagef("--%s cannot be combined with -f (put it in the file)", f)
-					}
-				}
-				name, data, err := a.readSpec(file)
+				ps, err := fromFile(a, cmd, argv, file, []string{"address", "port", "target-port-id", "initiator-ext", "transport", "source", "ch-count",
+					"queue-depth", "max-it-iu-len", "no-immediate-data", "connect-timeout", "reconnect-delay", "fast-io-fail-tmo", "dev-loss-tmo", "nbd"},
+					config.ParseSession, func(s *config.Session) string { return s.Name })
 				if err != nil {
 					return err
-				}
-				ps, err := config.ParseSession(name, data)
-				if err != nil {
-					return err
-				}
-				if len(argv) == 1 && argv[0] != ps.Name {
-					return usagef("NAME %q differs from the name %q in %s", argv[0], ps.Name, file)
 				}
 				s = *ps
 			} else {
@@ -261,12 +229,9 @@ func newDisconnectCmd(a *app) *cobra.Command {
 		Short: "Log out of a remote target and forget the connection (initiator side)",
 		Args:  args(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-				if err := c.Disconnect(ctx, argv[0], ctlapi.MutateOptions{Persist: persist}); err != nil {
-					return err
-				}
-				return a.done(nil, "connection %s closed%s", argv[0], persisted(persist))
-			})
+			return a.act(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+				return c.Disconnect(ctx, argv[0], ctlapi.MutateOptions{Persist: persist})
+			}, "connection %s closed%s", argv[0], persisted(persist))
 		},
 	}
 	cmd.Flags().BoolVar(&persist, "persist", false, "also remove the session from srpd's configuration file")
@@ -280,37 +245,29 @@ func newConnectionsCmd(a *app) *cobra.Command {
 		Short:   "List our initiator connections, or show one with its remote LUNs",
 		Args:    argsRange(0, 1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-				if len(argv) == 1 {
-					info, err := c.GetConnection(ctx, argv[0])
-					if err != nil {
-						return err
-					}
-					if a.json() {
-						return a.printJSON(info)
-					}
-					a.printConnection(info)
-					return nil
-				}
+			if len(argv) == 1 {
+				return query(a, func(ctx context.Context, c *ctlapi.Client, argv []string) (*ctlapi.ConnectionInfo, error) {
+					return c.GetConnection(ctx, argv[0])
+				}, func(ci *ctlapi.ConnectionInfo) error { a.printConnection(ci); return nil })(cmd, argv)
+			}
+			return query(a, func(ctx context.Context, c *ctlapi.Client, _ []string) (ctlapi.ConnectionList, error) {
 				cs, err := c.ListConnections(ctx)
-				if err != nil {
-					return err
-				}
-				if a.json() {
-					return a.printJSON(ctlapi.ConnectionList{Connections: nonNil(cs)})
-				}
-				tw := a.table("NAME", "ADDRESS", "TARGET PORT ID", "STATE", "CHANNELS", "QUEUE", "LUNS", "UP")
-				for _, ci := range cs {
-					state := ci.State
-					if ci.FailedReconnects > 0 {
-						state = fmt.Sprintf("%s (%d failed reconnects)", state, ci.FailedReconnects)
-					}
-					row(tw, ci.Name, ci.Address, ci.TargetPortID, state, ci.Channels, ci.QueueDepth, len(ci.LUNs), since(a.now(), ci.ConnectedAt))
-				}
-				return tw.Flush()
-			})
+				return ctlapi.ConnectionList{Connections: nonNil(cs)}, err
+			}, a.printConnections)(cmd, argv)
 		},
 	}
+}
+
+func (a *app) printConnections(l ctlapi.ConnectionList) error {
+	tw := a.table("NAME", "ADDRESS", "TARGET PORT ID", "STATE", "CHANNELS", "QUEUE", "LUNS", "UP")
+	for _, ci := range l.Connections {
+		state := ci.State
+		if ci.FailedReconnects > 0 {
+			state = fmt.Sprintf("%s (%d failed reconnects)", state, ci.FailedReconnects)
+		}
+		row(tw, ci.Name, ci.Address, ci.TargetPortID, state, ci.Channels, ci.QueueDepth, len(ci.LUNs), since(a.now(), ci.ConnectedAt))
+	}
+	return tw.Flush()
 }
 
 func (a *app) printConnection(ci *ctlapi.ConnectionInfo) {
@@ -349,25 +306,18 @@ func newReloadCmd(a *app) *cobra.Command {
 		Use:   "reload",
 		Short: "Make srpd re-read its configuration file and apply what changed (like SIGHUP)",
 		Args:  args(0),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-				res, err := c.Reload(ctx)
-				if err != nil {
-					return err
-				}
-				if a.json() {
-					return a.printJSON(res)
-				}
-				if len(res.Changes) == 0 {
-					fmt.Fprintln(a.stdout, "configuration reloaded: no changes")
-					return nil
-				}
-				fmt.Fprintln(a.stdout, "configuration reloaded:")
-				for _, ch := range res.Changes {
-					fmt.Fprintln(a.stdout, "  "+ch)
-				}
+		RunE: query(a, func(ctx context.Context, c *ctlapi.Client, _ []string) (*ctlapi.ReloadResult, error) {
+			return c.Reload(ctx)
+		}, func(res *ctlapi.ReloadResult) error {
+			if len(res.Changes) == 0 {
+				fmt.Fprintln(a.stdout, "configuration reloaded: no changes")
 				return nil
-			})
-		},
+			}
+			fmt.Fprintln(a.stdout, "configuration reloaded:")
+			for _, ch := range res.Changes {
+				fmt.Fprintln(a.stdout, "  "+ch)
+			}
+			return nil
+		}),
 	}
 }

@@ -18,94 +18,73 @@ func newStatusCmd(a *app) *cobra.Command {
 		Use:   "status",
 		Short: "Show the daemon's state: version, uptime, transports, counts",
 		Args:  args(0),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-				st, err := c.Status(ctx)
-				if err != nil {
-					return err
-				}
-				if a.json() {
-					return a.printJSON(st)
-				}
-				tw := a.table()
-				row(tw, "Daemon:", fmt.Sprintf("srpd %s (pid %d), API v%d", st.Version, st.PID, st.APIVersion))
-				row(tw, "Started:", fmt.Sprintf("%s (up %s)", st.StartedAt.Format("2006-01-02 15:04:05 MST"), since(a.now(), st.StartedAt)))
-				row(tw, "Config:", st.ConfigPath)
-				row(tw, "Socket:", a.socket)
-				row(tw, "Targets:", st.Targets)
-				row(tw, "Sessions:", fmt.Sprintf("%d (initiators logged in to our targets)", st.Sessions))
-				row(tw, "Connections:", fmt.Sprintf("%d (our initiator sessions)", st.Connections))
-				tw.Flush()
-				if len(st.Transports) > 0 {
-					fmt.Fprintln(a.stdout)
-					tw = a.table("TRANSPORT", "DRIVER", "DEVICE", "ADDRESSES", "STATE")
-					for _, t := range st.Transports {
-						state := t.State
-						if t.Error != "" {
-							state += ": " + t.Error
-						}
-						row(tw, t.Name, t.Driver, t.Device, strings.Join(t.Addresses, ","), state)
-					}
-					tw.Flush()
-				}
-				return nil
-			})
-		},
+		RunE: query(a, func(ctx context.Context, c *ctlapi.Client, _ []string) (*ctlapi.Status, error) {
+			return c.Status(ctx)
+		}, a.printStatus),
 	}
+}
+
+func (a *app) printStatus(st *ctlapi.Status) error {
+	tw := a.table()
+	row(tw, "Daemon:", fmt.Sprintf("srpd %s (pid %d), API v%d", st.Version, st.PID, st.APIVersion))
+	row(tw, "Started:", fmt.Sprintf("%s (up %s)", st.StartedAt.Format("2006-01-02 15:04:05 MST"), since(a.now(), st.StartedAt)))
+	row(tw, "Config:", st.ConfigPath)
+	row(tw, "Socket:", a.socket)
+	row(tw, "Targets:", st.Targets)
+	row(tw, "Sessions:", fmt.Sprintf("%d (initiators logged in to our targets)", st.Sessions))
+	row(tw, "Connections:", fmt.Sprintf("%d (our initiator sessions)", st.Connections))
+	tw.Flush()
+	if len(st.Transports) > 0 {
+		fmt.Fprintln(a.stdout)
+		tw = a.table("TRANSPORT", "DRIVER", "DEVICE", "ADDRESSES", "STATE")
+		for _, t := range st.Transports {
+			state := t.State
+			if t.Error != "" {
+				state += ": " + t.Error
+			}
+			row(tw, t.Name, t.Driver, t.Device, strings.Join(t.Addresses, ","), state)
+		}
+		tw.Flush()
+	}
+	return nil
 }
 
 func newTargetCmd(a *app) *cobra.Command {
 	return newGroup("target", "List, show, create and delete SRP targets",
-		&cobra.Command{
-			Use:     "list",
-			Aliases: []string{"ls"},
-			Short:   "List the targets",
-			Args:    args(0),
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-					ts, err := c.ListTargets(ctx)
-					if err != nil {
-						return err
-					}
-					if a.json() {
-						return a.printJSON(ctlapi.TargetList{Targets: nonNil(ts)})
-					}
-					tw := a.table("NAME", "PORT ID", "TRANSPORT", "LISTEN", "LUNS", "ACLS", "SESSIONS", "STATE")
-					for _, t := range ts {
-						row(tw, t.Name, t.PortID, t.Transport, strings.Join(t.Listen, ","), len(t.LUNs), len(t.ACLs), t.Sessions, t.State)
-					}
-					return tw.Flush()
-				})
+		listCmd("list", "List the targets", 0, query(a,
+			func(ctx context.Context, c *ctlapi.Client, _ []string) (ctlapi.TargetList, error) {
+				ts, err := c.ListTargets(ctx)
+				return ctlapi.TargetList{Targets: nonNil(ts)}, err
 			},
-		},
+			func(l ctlapi.TargetList) error {
+				tw := a.table("NAME", "PORT ID", "TRANSPORT", "LISTEN", "LUNS", "ACLS", "SESSIONS", "STATE")
+				for _, t := range l.Targets {
+					row(tw, t.Name, t.PortID, t.Transport, strings.Join(t.Listen, ","), len(t.LUNs), len(t.ACLs), t.Sessions, t.State)
+				}
+				return tw.Flush()
+			})),
 		&cobra.Command{
 			Use:   "show TARGET",
 			Short: "Show a target: settings, LUNs, ACLs and logged-in sessions",
 			Args:  args(1),
-			RunE: func(cmd *cobra.Command, argv []string) error {
-				return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-					t, err := c.GetTarget(ctx, argv[0])
-					if err != nil {
-						return err
-					}
-					ss, err := c.ListSessions(ctx, ctlapi.SessionFilter{Target: t.Name})
-					if err != nil {
-						return err
-					}
-					if a.json() {
-						return a.printJSON(struct {
-							*ctlapi.TargetInfo
-							SessionList []ctlapi.SessionInfo `json:"session_list"`
-						}{t, nonNil(ss)})
-					}
-					a.printTarget(t, ss)
-					return nil
-				})
-			},
+			RunE: query(a, func(ctx context.Context, c *ctlapi.Client, argv []string) (targetShow, error) {
+				t, err := c.GetTarget(ctx, argv[0])
+				if err != nil {
+					return targetShow{}, err
+				}
+				ss, err := c.ListSessions(ctx, ctlapi.SessionFilter{Target: t.Name})
+				return targetShow{t, nonNil(ss)}, err
+			}, func(ts targetShow) error { a.printTarget(ts.TargetInfo, ts.SessionList); return nil }),
 		},
 		newTargetCreateCmd(a),
 		newTargetDeleteCmd(a),
 	)
+}
+
+// targetShow is `target show -o json`: the target with its logged-in sessions.
+type targetShow struct {
+	*ctlapi.TargetInfo
+	SessionList []ctlapi.SessionInfo `json:"session_list"`
 }
 
 func (a *app) printTarget(t *ctlapi.TargetInfo, ss []ctlapi.SessionInfo) {
@@ -149,6 +128,28 @@ func (a *app) readSpec(path string) (string, []byte, error) {
 	return path, b, err
 }
 
+// fromFile reads the whole object that -f FILE gives (parse reads it): the flags that would
+// describe it too may not be given as well, and NAME, when given, must be the file's.
+func fromFile[T any](a *app, cmd *cobra.Command, argv []string, file string, flags []string, parse func(string, []byte) (*T, error), name func(*T) string) (*T, error) {
+	for _, f := range flags {
+		if cmd.Flags().Changed(f) {
+			return nil, usagef("--%s cannot be combined with -f (put it in the file)", f)
+		}
+	}
+	src, data, err := a.readSpec(file)
+	if err != nil {
+		return nil, err
+	}
+	v, err := parse(src, data)
+	if err != nil {
+		return nil, err
+	}
+	if len(argv) == 1 && argv[0] != name(v) {
+		return nil, usagef("NAME %q differs from the name %q in %s", argv[0], name(v), file)
+	}
+	return v, nil
+}
+
 func newTargetCreateCmd(a *app) *cobra.Command {
 	var (
 		file, portID, transport string
@@ -171,23 +172,12 @@ Without any ACL no initiator may log in: add one with 'srpctl acl add'.`,
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			var t config.Target
 			if file != "" {
-				for _, f := range []string{"port-id", "transport", "listen", "cm-port", "max-channels", "queue-depth", "max-it-iu-len", "max-ti-iu-len", "no-immediate-data"} {
-					if cmd.Flags().Changed(f) {
-						return usagef("--%s cannot be combined with -f (put it in the file)", f)
-					}
-				}
-				name, data, err := a.readSpec(file)
-				if err != nil {
-					return err
-				}
-				pt, err := config.ParseTarget(name, data)
+				pt, err := fromFile(a, cmd, argv, file, []string{"port-id", "transport", "listen", "cm-port", "max-channels", "queue-depth", "max-it-iu-len", "max-ti-iu-len", "no-immediate-data"},
+					config.ParseTarget, func(t *config.Target) string { return t.Name })
 				if err != nil {
 					return err
 				}
 				t = *pt
-				if len(argv) == 1 && argv[0] != t.Name {
-					return usagef("NAME %q differs from the name %q in %s", argv[0], t.Name, file)
-				}
 			} else {
 				if len(argv) != 1 {
 					return usagef("target create: NAME is required without -f")
@@ -210,12 +200,10 @@ Without any ACL no initiator may log in: add one with 'srpctl acl add'.`,
 					t.Limits.ImmediateData = config.Bool(false)
 				}
 			}
-			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-				info, err := c.CreateTarget(ctx, t, ctlapi.MutateOptions{Persist: persist})
-				if err != nil {
-					return err
-				}
-				return a.done(info, "target %s created: port id %s, listening on %s%s", info.Name, info.PortID,
+			return add(a, cmd, func(ctx context.Context, c *ctlapi.Client) (*ctlapi.TargetInfo, error) {
+				return c.CreateTarget(ctx, t, ctlapi.MutateOptions{Persist: persist})
+			}, func(info *ctlapi.TargetInfo) string {
+				return fmt.Sprintf("target %s created: port id %s, listening on %s%s", info.Name, info.PortID,
 					strings.Join(info.Listen, ", "), persisted(persist))
 			})
 		},
@@ -231,7 +219,7 @@ Without any ACL no initiator may log in: add one with 'srpctl acl add'.`,
 	f.StringVar(&maxIT, "max-it-iu-len", "", "largest IU accepted (default 8276)")
 	f.StringVar(&maxTI, "max-ti-iu-len", "", "largest IU sent (default 256)")
 	f.BoolVar(&noImm, "no-immediate-data", false, "do not offer SRP-2 immediate data")
-	f.BoolVar(&persist, "persist", false, "also write the change to srpd's configuration file")
+	persistFlag(cmd, &persist)
 	return cmd
 }
 
@@ -261,15 +249,12 @@ func newTargetDeleteCmd(a *app) *cobra.Command {
 		Short:   "Delete a target (--force logs its initiators out)",
 		Args:    args(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
-				if err := c.DeleteTarget(ctx, argv[0], ctlapi.DeleteOptions{Persist: persist, Force: force}); err != nil {
-					return err
-				}
-				return a.done(nil, "target %s deleted%s", argv[0], persisted(persist))
-			})
+			return a.act(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+				return c.DeleteTarget(ctx, argv[0], ctlapi.DeleteOptions{Persist: persist, Force: force})
+			}, "target %s deleted%s", argv[0], persisted(persist))
 		},
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "delete even while initiators are logged in")
-	cmd.Flags().BoolVar(&persist, "persist", false, "also write the change to srpd's configuration file")
+	persistFlag(cmd, &persist)
 	return cmd
 }

@@ -555,8 +555,8 @@ func TestControlSocket(t *testing.T) {
 	})
 	var st ctlapi.Status
 	mustSrpctl(t, sock, &st, "-o", "json", "status")
-	if st.PID != a.cmd.Process.Pid {
-		t.Fatalf("status answered by pid %d, want %d", st.PID, a.cmd.Process.Pid)
+	if st.PID != a.Cmd.Process.Pid {
+		t.Fatalf("status answered by pid %d, want %d", st.PID, a.Cmd.Process.Pid)
 	}
 	fi, err := os.Stat(sock)
 	if err != nil || fi.Mode().Perm() != 0o660 {
@@ -576,8 +576,8 @@ func TestControlSocket(t *testing.T) {
 		t.Errorf("second srpd's message:\n%s", out)
 	}
 	mustSrpctl(t, sock, &st, "-o", "json", "status") // the first one is unharmed
-	if st.PID != a.cmd.Process.Pid {
-		t.Fatalf("status answered by pid %d after the second start, want %d", st.PID, a.cmd.Process.Pid)
+	if st.PID != a.Cmd.Process.Pid {
+		t.Fatalf("status answered by pid %d after the second start, want %d", st.PID, a.Cmd.Process.Pid)
 	}
 
 	// A regular file where the socket should be.
@@ -640,7 +640,7 @@ func TestReadyTimeAndRSS(t *testing.T) {
 		t.Fatalf("demo connection at READY: %+v", cs)
 	}
 	time.Sleep(2 * time.Second) // idle
-	rss := vmRSS(t, d.cmd.Process.Pid)
+	rss := vmRSS(t, d.Cmd.Process.Pid)
 	fmt.Printf("srpd with configs/demo-loopback.yaml: READY=1 after %v, idle RSS %.1f MB (race build: %v)\n",
 		ready.Round(time.Millisecond), float64(rss)/1e6, raceEnabled)
 	if !raceEnabled {

@@ -112,10 +112,8 @@ func hasPrefix(m []string, p string) string {
 // srpd processes.
 
 type daemonProc struct {
-	cmd    *exec.Cmd
+	*testutil.Proc
 	stderr *testutil.SyncBuffer
-	done   chan struct{}
-	err    error
 	notify *notifySocket
 	start  time.Time
 }
@@ -125,33 +123,16 @@ type daemonProc struct {
 func startDaemon(t *testing.T, cfg string, n *notifySocket, env ...string) *daemonProc {
 	t.Helper()
 	srpd, _ := binaries(t)
-	p := &daemonProc{stderr: &testutil.SyncBuffer{}, done: make(chan struct{}), notify: n}
-	p.cmd = exec.Command(srpd, "-c", cfg, "--log-format", "json", "--log-level", "debug")
-	p.cmd.Env = append(os.Environ(), env...)
+	p := &daemonProc{stderr: &testutil.SyncBuffer{}, notify: n}
+	cmd := exec.Command(srpd, "-c", cfg, "--log-format", "json", "--log-level", "debug")
+	cmd.Env = append(os.Environ(), env...)
 	if n != nil {
-		p.cmd.Env = append(p.cmd.Env, "NOTIFY_SOCKET="+n.path)
+		cmd.Env = append(cmd.Env, "NOTIFY_SOCKET="+n.path)
 	}
-	p.cmd.Stderr = p.stderr
-	p.cmd.Stdout = p.stderr
+	cmd.Stderr = p.stderr
+	cmd.Stdout = p.stderr
 	p.start = time.Now()
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = p.cmd.Process.Kill() // by PID, only ours
-			<-p.done
-		}
-		if t.Failed() {
-			t.Logf("srpd (pid %d) output:\n%s", p.cmd.Process.Pid, tail(p.stderr.String(), 200))
-		}
-	})
+	p.Proc = testutil.StartProc(t, cmd, func() string { return tail(p.stderr.String(), 200) })
 	return p
 }
 
@@ -170,7 +151,7 @@ func tail(s string, lines int) string {
 
 func (p *daemonProc) signal(t *testing.T, s syscall.Signal) {
 	t.Helper()
-	if err := p.cmd.Process.Signal(s); err != nil {
+	if err := p.Cmd.Process.Signal(s); err != nil {
 		t.Fatalf("signal %v to srpd: %v", s, err)
 	}
 }
@@ -179,16 +160,16 @@ func (p *daemonProc) signal(t *testing.T, s syscall.Signal) {
 func (p *daemonProc) exit(t *testing.T, d time.Duration) int {
 	t.Helper()
 	select {
-	case <-p.done:
+	case <-p.Done:
 	case <-time.After(d):
 		t.Fatalf("srpd did not exit within %v", d)
 	}
 	var ee *exec.ExitError
-	if errors.As(p.err, &ee) {
+	if errors.As(p.Err, &ee) {
 		return ee.ExitCode()
 	}
-	if p.err != nil {
-		t.Fatalf("srpd: %v", p.err)
+	if p.Err != nil {
+		t.Fatalf("srpd: %v", p.Err)
 	}
 	return 0
 }

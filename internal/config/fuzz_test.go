@@ -20,31 +20,29 @@ func FuzzParse(f *testing.F) {
 		pathsConfig("/srv/luns/a.img", "        follow_symlinks: true\n", "allowed_paths: [/srv/luns, /]\n")} {
 		f.Add([]byte(s))
 	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzbound.Run(t, func() {
-			c, err := Parse("fuzz.yaml", data)
-			if err != nil {
-				if _, ok := err.(ErrorList); !ok {
-					t.Errorf("Parse returned %T, not ErrorList: %v", err, err)
-					return
-				}
+	fuzzbound.Fuzz(f, func(t *testing.T, data []byte) {
+		c, err := Parse("fuzz.yaml", data)
+		if err != nil {
+			if _, ok := err.(ErrorList); !ok {
+				t.Errorf("Parse returned %T, not ErrorList: %v", err, err)
 				return
 			}
-			out, err := Marshal(c)
-			if err != nil {
-				t.Errorf("Marshal of a valid config: %v", err)
-				return
-			}
-			c2, err := Parse("marshalled.yaml", out)
-			if err != nil {
-				t.Errorf("Parse(Marshal(c)): %v\n%s", err, out)
-				return
-			}
-			if !Equal(c, c2) {
-				t.Errorf("round trip changed the config:\n%s", out)
-				return
-			}
-			_ = Diff(c, c2)
-		})
+			return
+		}
+		out, err := Marshal(c)
+		if err != nil {
+			t.Errorf("Marshal of a valid config: %v", err)
+			return
+		}
+		c2, err := Parse("marshalled.yaml", out)
+		if err != nil {
+			t.Errorf("Parse(Marshal(c)): %v\n%s", err, out)
+			return
+		}
+		if !Equal(c, c2) {
+			t.Errorf("round trip changed the config:\n%s", out)
+			return
+		}
+		_ = Diff(c, c2)
 	})
 }

@@ -37,43 +37,38 @@ func Load(path string) (*Config, error) {
 // name is the file name errors are reported against. An empty document is the empty
 // configuration (every default, no transports, targets or sessions).
 func Parse(name string, data []byte) (*Config, error) {
-	c := &Config{}
-	src, errs := decodeInto(name, data, c)
-	c.src = src
-	c.SetDefaults()
-	v := &validator{src: src}
-	v.config(c)
-	if errs = append(errs, v.errs...); len(errs) > 0 {
-		return nil, errs.sorted()
-	}
-	return c, nil
+	return parse(name, data, func(c *Config, src *source) { c.src = src }, (*validator).config)
 }
 
 // ParseTarget decodes one target (the YAML of one targets: entry, or its JSON) strictly,
 // applies the defaults and validates it on its own, as for `srpctl target create -f`.
 func ParseTarget(name string, data []byte) (*Target, error) {
-	t := &Target{}
-	src, errs := decodeInto(name, data, t)
-	t.SetDefaults()
-	v := &validator{src: src}
-	v.target("", t)
-	if errs = append(errs, v.errs...); len(errs) > 0 {
-		return nil, errs.sorted()
-	}
-	return t, nil
+	return parse(name, data, nil, func(v *validator, t *Target) { v.target("", t) })
 }
 
 // ParseSession decodes one session (a sessions: entry) like ParseTarget.
 func ParseSession(name string, data []byte) (*Session, error) {
-	s := &Session{}
-	src, errs := decodeInto(name, data, s)
-	s.SetDefaults()
+	return parse(name, data, nil, func(v *validator, s *Session) { v.session("", s) })
+}
+
+// parse decodes data strictly into a new T, gives it the decoder's source map (keep, when
+// set), applies T's defaults and validates it with check; every error, sorted.
+func parse[T any, PT interface {
+	*T
+	SetDefaults()
+}](name string, data []byte, keep func(PT, *source), check func(*validator, PT)) (PT, error) {
+	x := PT(new(T))
+	src, errs := decodeInto(name, data, x)
+	if keep != nil {
+		keep(x, src)
+	}
+	x.SetDefaults()
 	v := &validator{src: src}
-	v.session("", s)
+	check(v, x)
 	if errs = append(errs, v.errs...); len(errs) > 0 {
 		return nil, errs.sorted()
 	}
-	return s, nil
+	return x, nil
 }
 
 // Marshal encodes the configuration as YAML, defaults applied (on a copy), so every setting is

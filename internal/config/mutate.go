@@ -21,11 +21,16 @@ func (c *Config) AddTarget(t Target) error {
 
 // RemoveTarget removes the target named name.
 func (c *Config) RemoveTarget(name string) error {
-	i := slices.IndexFunc(c.Targets, func(t Target) bool { return t.Name == name })
+	return remove(&c.Targets, func(t Target) bool { return t.Name == name }, fmt.Sprintf("target %q", name))
+}
+
+// remove deletes the first element of *xs that is, or fails with ErrNotFound for what.
+func remove[T any](xs *[]T, is func(T) bool, what string) error {
+	i := slices.IndexFunc(*xs, is)
 	if i < 0 {
-		return fmt.Errorf("target %q: %w", name, ErrNotFound)
+		return fmt.Errorf("%s: %w", what, ErrNotFound)
 	}
-	c.Targets = slices.Delete(c.Targets, i, i+1)
+	*xs = slices.Delete(*xs, i, i+1)
 	return nil
 }
 
@@ -90,12 +95,7 @@ func (c *Config) RemoveACL(target string, ini InitiatorID) error {
 	if err != nil {
 		return err
 	}
-	i := slices.IndexFunc(t.ACLs, func(a ACL) bool { return a.Initiator == ini })
-	if i < 0 {
-		return fmt.Errorf("target %q: ACL for %s: %w", target, ini, ErrNotFound)
-	}
-	t.ACLs = slices.Delete(t.ACLs, i, i+1)
-	return nil
+	return remove(&t.ACLs, func(a ACL) bool { return a.Initiator == ini }, fmt.Sprintf("target %q: ACL for %s", target, ini))
 }
 
 // AddSession appends s.
@@ -109,10 +109,5 @@ func (c *Config) AddSession(s Session) error {
 
 // RemoveSession removes the session named name.
 func (c *Config) RemoveSession(name string) error {
-	i := slices.IndexFunc(c.Sessions, func(s Session) bool { return s.Name == name })
-	if i < 0 {
-		return fmt.Errorf("session %q: %w", name, ErrNotFound)
-	}
-	c.Sessions = slices.Delete(c.Sessions, i, i+1)
-	return nil
+	return remove(&c.Sessions, func(s Session) bool { return s.Name == name }, fmt.Sprintf("session %q", name))
 }

@@ -98,14 +98,7 @@ func (s Size) String() string {
 	return strconv.FormatInt(int64(s), 10)
 }
 
-func (s *Size) unmarshalNode(n *yaml.Node) error {
-	v, err := scalar(n, "a size")
-	if err != nil {
-		return err
-	}
-	*s, err = ParseSize(v)
-	return err
-}
+func (s *Size) unmarshalNode(n *yaml.Node) error { return unmarshalScalar(n, "a size", ParseSize, s) }
 
 // MarshalYAML writes "64MiB", or a plain integer when no binary unit divides the size.
 func (s Size) MarshalYAML() (any, error) {
@@ -161,12 +154,7 @@ func ParseDuration(s string) (Duration, error) {
 func (d Duration) String() string { return time.Duration(d).String() }
 
 func (d *Duration) unmarshalNode(n *yaml.Node) error {
-	v, err := scalar(n, "a duration")
-	if err != nil {
-		return err
-	}
-	*d, err = ParseDuration(v)
-	return err
+	return unmarshalScalar(n, "a duration", ParseDuration, d)
 }
 
 func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
@@ -294,14 +282,7 @@ func (p PortID) IDExt() uint64                { return srp.PortID(p).IDExt() }
 func (p PortID) GUID() uint64                 { return srp.PortID(p).GUID() }
 func (p PortID) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
 
-func (p *PortID) UnmarshalText(b []byte) error {
-	v, err := ParsePortID(string(b))
-	if err != nil {
-		return err
-	}
-	*p = v
-	return nil
-}
+func (p *PortID) UnmarshalText(b []byte) error { return unmarshalText(b, ParsePortID, p) }
 
 func (p PortID) MarshalYAML() (any, error) { return p.String(), nil }
 
@@ -362,24 +343,12 @@ func ParseID64(s string) (ID64, error) {
 func (x ID64) String() string { return fmt.Sprintf("0x%016x", uint64(x)) }
 
 func (x *ID64) unmarshalNode(n *yaml.Node) error {
-	v, err := scalar(n, "a hexadecimal identifier")
-	if err != nil {
-		return err
-	}
-	*x, err = ParseID64(v)
-	return err
+	return unmarshalScalar(n, "a hexadecimal identifier", ParseID64, x)
 }
 
-func (x ID64) MarshalYAML() (any, error)    { return x.String(), nil }
-func (x ID64) MarshalText() ([]byte, error) { return []byte(x.String()), nil }
-func (x *ID64) UnmarshalText(b []byte) error {
-	v, err := ParseID64(string(b))
-	if err != nil {
-		return err
-	}
-	*x = v
-	return nil
-}
+func (x ID64) MarshalYAML() (any, error)     { return x.String(), nil }
+func (x ID64) MarshalText() ([]byte, error)  { return []byte(x.String()), nil }
+func (x *ID64) UnmarshalText(b []byte) error { return unmarshalText(b, ParseID64, x) }
 
 // ---------------------------------------------------------------------------------------------
 // FileMode
@@ -401,24 +370,12 @@ func ParseFileMode(s string) (FileMode, error) {
 func (m FileMode) String() string { return fmt.Sprintf("%04o", uint32(m)) }
 
 func (m *FileMode) unmarshalNode(n *yaml.Node) error {
-	v, err := scalar(n, "an octal mode")
-	if err != nil {
-		return err
-	}
-	*m, err = ParseFileMode(v)
-	return err
+	return unmarshalScalar(n, "an octal mode", ParseFileMode, m)
 }
 
-func (m FileMode) MarshalYAML() (any, error)    { return m.String(), nil }
-func (m FileMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
-func (m *FileMode) UnmarshalText(b []byte) error {
-	v, err := ParseFileMode(string(b))
-	if err != nil {
-		return err
-	}
-	*m = v
-	return nil
-}
+func (m FileMode) MarshalYAML() (any, error)     { return m.String(), nil }
+func (m FileMode) MarshalText() ([]byte, error)  { return []byte(m.String()), nil }
+func (m *FileMode) UnmarshalText(b []byte) error { return unmarshalText(b, ParseFileMode, m) }
 
 // ---------------------------------------------------------------------------------------------
 // InitiatorID
@@ -460,21 +417,30 @@ func (i InitiatorID) IsZero() bool { return !i.Any && i.ID.IsZero() }
 func (i InitiatorID) Matches(p PortID) bool { return !i.Any && i.ID == p }
 
 func (i *InitiatorID) unmarshalNode(n *yaml.Node) error {
-	v, err := scalar(n, `"*" or an initiator port id`)
+	return unmarshalScalar(n, `"*" or an initiator port id`, ParseInitiatorID, i)
+}
+
+func (i InitiatorID) MarshalYAML() (any, error)     { return i.String(), nil }
+func (i InitiatorID) MarshalText() ([]byte, error)  { return []byte(i.String()), nil }
+func (i *InitiatorID) UnmarshalText(b []byte) error { return unmarshalText(b, ParseInitiatorID, i) }
+
+// unmarshalScalar sets *dst to what parse makes of the YAML scalar n (what names the kind of
+// value the error asks for).
+func unmarshalScalar[T any](n *yaml.Node, what string, parse func(string) (T, error), dst *T) error {
+	v, err := scalar(n, what)
 	if err != nil {
 		return err
 	}
-	*i, err = ParseInitiatorID(v)
+	*dst, err = parse(v)
 	return err
 }
 
-func (i InitiatorID) MarshalYAML() (any, error)    { return i.String(), nil }
-func (i InitiatorID) MarshalText() ([]byte, error) { return []byte(i.String()), nil }
-func (i *InitiatorID) UnmarshalText(b []byte) error {
-	v, err := ParseInitiatorID(string(b))
+// unmarshalText sets *dst to what parse makes of b, and leaves it alone when b does not parse.
+func unmarshalText[T any](b []byte, parse func(string) (T, error), dst *T) error {
+	v, err := parse(string(b))
 	if err != nil {
 		return err
 	}
-	*i = v
+	*dst = v
 	return nil
 }

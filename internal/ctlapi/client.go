@@ -131,15 +131,20 @@ func mutateQuery(o MutateOptions) url.Values {
 	return url.Values{"persist": {"1"}}
 }
 
+// call does a request whose answer is one object of type T.
+func call[T any](ctx context.Context, c *Client, method, path string, q url.Values, body any) (*T, error) {
+	var v T
+	if err := c.do(ctx, method, path, q, body, &v); err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
 func targetPath(name string) string { return "/v1/targets/" + url.PathEscape(name) }
 
 // Status implements Service.
 func (c *Client) Status(ctx context.Context) (*Status, error) {
-	var st Status
-	if err := c.do(ctx, http.MethodGet, "/v1/status", nil, nil, &st); err != nil {
-		return nil, err
-	}
-	return &st, nil
+	return call[Status](ctx, c, http.MethodGet, "/v1/status", nil, nil)
 }
 
 // ListTargets implements Service.
@@ -151,20 +156,12 @@ func (c *Client) ListTargets(ctx context.Context) ([]TargetInfo, error) {
 
 // GetTarget implements Service.
 func (c *Client) GetTarget(ctx context.Context, name string) (*TargetInfo, error) {
-	var t TargetInfo
-	if err := c.do(ctx, http.MethodGet, targetPath(name), nil, nil, &t); err != nil {
-		return nil, err
-	}
-	return &t, nil
+	return call[TargetInfo](ctx, c, http.MethodGet, targetPath(name), nil, nil)
 }
 
 // CreateTarget implements Service.
 func (c *Client) CreateTarget(ctx context.Context, t config.Target, opts MutateOptions) (*TargetInfo, error) {
-	var info TargetInfo
-	if err := c.do(ctx, http.MethodPost, "/v1/targets", mutateQuery(opts), t, &info); err != nil {
-		return nil, err
-	}
-	return &info, nil
+	return call[TargetInfo](ctx, c, http.MethodPost, "/v1/targets", mutateQuery(opts), t)
 }
 
 // DeleteTarget implements Service.
@@ -188,11 +185,7 @@ func (c *Client) ListLUNs(ctx context.Context, target string) ([]LUNInfo, error)
 
 // AddLUN implements Service.
 func (c *Client) AddLUN(ctx context.Context, target string, l config.LUN, opts MutateOptions) (*LUNInfo, error) {
-	var info LUNInfo
-	if err := c.do(ctx, http.MethodPost, targetPath(target)+"/luns", mutateQuery(opts), l, &info); err != nil {
-		return nil, err
-	}
-	return &info, nil
+	return call[LUNInfo](ctx, c, http.MethodPost, targetPath(target)+"/luns", mutateQuery(opts), l)
 }
 
 // RemoveLUN implements Service.
@@ -209,11 +202,7 @@ func (c *Client) ListACLs(ctx context.Context, target string) ([]ACLInfo, error)
 
 // AddACL implements Service.
 func (c *Client) AddACL(ctx context.Context, target string, a config.ACL, opts MutateOptions) (*ACLInfo, error) {
-	var info ACLInfo
-	if err := c.do(ctx, http.MethodPost, targetPath(target)+"/acls", mutateQuery(opts), a, &info); err != nil {
-		return nil, err
-	}
-	return &info, nil
+	return call[ACLInfo](ctx, c, http.MethodPost, targetPath(target)+"/acls", mutateQuery(opts), a)
 }
 
 // RemoveACL implements Service.
@@ -234,11 +223,7 @@ func (c *Client) ListSessions(ctx context.Context, f SessionFilter) ([]SessionIn
 
 // GetSession implements Service.
 func (c *Client) GetSession(ctx context.Context, id string) (*SessionInfo, error) {
-	var s SessionInfo
-	if err := c.do(ctx, http.MethodGet, "/v1/sessions/"+url.PathEscape(id), nil, nil, &s); err != nil {
-		return nil, err
-	}
-	return &s, nil
+	return call[SessionInfo](ctx, c, http.MethodGet, "/v1/sessions/"+url.PathEscape(id), nil, nil)
 }
 
 // KillSession implements Service.
@@ -255,20 +240,12 @@ func (c *Client) ListConnections(ctx context.Context) ([]ConnectionInfo, error) 
 
 // GetConnection implements Service.
 func (c *Client) GetConnection(ctx context.Context, name string) (*ConnectionInfo, error) {
-	var info ConnectionInfo
-	if err := c.do(ctx, http.MethodGet, "/v1/connections/"+url.PathEscape(name), nil, nil, &info); err != nil {
-		return nil, err
-	}
-	return &info, nil
+	return call[ConnectionInfo](ctx, c, http.MethodGet, "/v1/connections/"+url.PathEscape(name), nil, nil)
 }
 
 // Connect implements Service.
 func (c *Client) Connect(ctx context.Context, s config.Session, opts MutateOptions) (*ConnectionInfo, error) {
-	var info ConnectionInfo
-	if err := c.do(ctx, http.MethodPost, "/v1/connections", mutateQuery(opts), s, &info); err != nil {
-		return nil, err
-	}
-	return &info, nil
+	return call[ConnectionInfo](ctx, c, http.MethodPost, "/v1/connections", mutateQuery(opts), s)
 }
 
 // Disconnect implements Service.
@@ -278,9 +255,5 @@ func (c *Client) Disconnect(ctx context.Context, name string, opts MutateOptions
 
 // Reload implements Service.
 func (c *Client) Reload(ctx context.Context) (*ReloadResult, error) {
-	var res ReloadResult
-	if err := c.do(ctx, http.MethodPost, "/v1/reload", nil, nil, &res); err != nil {
-		return nil, err
-	}
-	return &res, nil
+	return call[ReloadResult](ctx, c, http.MethodPost, "/v1/reload", nil, nil)
 }

@@ -1,6 +1,7 @@
 package ctlapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -282,12 +283,17 @@ func (h *handler) listTargets(w http.ResponseWriter, r *http.Request, _ query) e
 }
 
 func (h *handler) getTarget(w http.ResponseWriter, r *http.Request, _ query) error {
-	name, err := pathName(r, "target")
+	return byName(w, r, "target", h.svc.GetTarget)
+}
+
+// byName answers a GET with what get returns for the name that the path's key holds.
+func byName[T any](w http.ResponseWriter, r *http.Request, key string, get func(context.Context, string) (T, error)) error {
+	name, err := pathName(r, key)
 	if err != nil {
 		return err
 	}
-	t, err := h.svc.GetTarget(r.Context(), name)
-	return ok(w, t, err)
+	v, err := get(r.Context(), name)
+	return ok(w, v, err)
 }
 
 func (h *handler) createTarget(w http.ResponseWriter, r *http.Request, q query) error {
@@ -320,12 +326,10 @@ func (h *handler) deleteTarget(w http.ResponseWriter, r *http.Request, q query) 
 }
 
 func (h *handler) listLUNs(w http.ResponseWriter, r *http.Request, _ query) error {
-	target, err := pathName(r, "target")
-	if err != nil {
-		return err
-	}
-	ls, err := h.svc.ListLUNs(r.Context(), target)
-	return ok(w, LUNList{LUNs: nonNil(ls)}, err)
+	return byName(w, r, "target", func(ctx context.Context, target string) (LUNList, error) {
+		ls, err := h.svc.ListLUNs(ctx, target)
+		return LUNList{LUNs: nonNil(ls)}, err
+	})
 }
 
 func (h *handler) addLUN(w http.ResponseWriter, r *http.Request, q query) error {
@@ -354,12 +358,10 @@ func (h *handler) removeLUN(w http.ResponseWriter, r *http.Request, q query) err
 }
 
 func (h *handler) listACLs(w http.ResponseWriter, r *http.Request, _ query) error {
-	target, err := pathName(r, "target")
-	if err != nil {
-		return err
-	}
-	as, err := h.svc.ListACLs(r.Context(), target)
-	return ok(w, ACLList{ACLs: nonNil(as)}, err)
+	return byName(w, r, "target", func(ctx context.Context, target string) (ACLList, error) {
+		as, err := h.svc.ListACLs(ctx, target)
+		return ACLList{ACLs: nonNil(as)}, err
+	})
 }
 
 func (h *handler) addACL(w http.ResponseWriter, r *http.Request, q query) error {
@@ -430,12 +432,7 @@ func (h *handler) listConnections(w http.ResponseWriter, r *http.Request, _ quer
 }
 
 func (h *handler) getConnection(w http.ResponseWriter, r *http.Request, _ query) error {
-	name, err := pathName(r, "name")
-	if err != nil {
-		return err
-	}
-	c, err := h.svc.GetConnection(r.Context(), name)
-	return ok(w, c, err)
+	return byName(w, r, "name", h.svc.GetConnection)
 }
 
 func (h *handler) connect(w http.ResponseWriter, r *http.Request, q query) error {

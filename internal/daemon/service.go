@@ -65,23 +65,34 @@ func notFound(kind, name string) error {
 func (d *Daemon) ListTargets(context.Context) ([]ctlapi.TargetInfo, error) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	out := []ctlapi.TargetInfo{}
-	for i := range d.cfg.Targets {
-		out = append(out, d.targetInfoLocked(&d.cfg.Targets[i]))
-	}
-	return out, nil
+	return infosLocked(d.cfg.Targets, d.targetInfoLocked), nil
 }
 
 // GetTarget implements ctlapi.Service.
 func (d *Daemon) GetTarget(_ context.Context, name string) (*ctlapi.TargetInfo, error) {
+	return getInfo(d, "target", name, (*config.Config).Target, d.targetInfoLocked)
+}
+
+// infosLocked is the info of each of the configuration's xs (never nil, for the JSON lists).
+func infosLocked[T, I any](xs []T, info func(*T) I) []I {
+	out := []I{}
+	for i := range xs {
+		out = append(out, info(&xs[i]))
+	}
+	return out
+}
+
+// getInfo answers a Get: the info of the object that find finds by name in the configuration,
+// or a not-found error that calls it a kind.
+func getInfo[T, I any](d *Daemon, kind, name string, find func(*config.Config, string) *T, info func(*T) I) (*I, error) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	t := d.cfg.Target(name)
-	if t == nil {
-		return nil, notFound("target", name)
+	x := find(d.cfg, name)
+	if x == nil {
+		return nil, notFound(kind, name)
 	}
-	info := d.targetInfoLocked(t)
-	return &info, nil
+	v := info(x)
+	return &v, nil
 }
 
 // CreateTarget implements ctlapi.Service.
@@ -306,11 +317,7 @@ func (d *Daemon) KillSession(ctx context.Context, id string) error {
 func (d *Daemon) ListConnections(context.Context) ([]ctlapi.ConnectionInfo, error) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	out := []ctlapi.ConnectionInfo{}
-	for i := range d.cfg.Sessions {
-		out = append(out, d.connInfoLocked(&d.cfg.Sessions[i]))
-	}
-	return out, nil
+	return infosLocked(d.cfg.Sessions, d.connInfoLocked), nil
 }
 
 func (d *Daemon) connInfoLocked(s *config.Session) ctlapi.ConnectionInfo {
@@ -323,14 +330,7 @@ func (d *Daemon) connInfoLocked(s *config.Session) ctlapi.ConnectionInfo {
 
 // GetConnection implements ctlapi.Service.
 func (d *Daemon) GetConnection(_ context.Context, name string) (*ctlapi.ConnectionInfo, error) {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	s := d.cfg.Session(name)
-	if s == nil {
-		return nil, notFound("connection", name)
-	}
-	info := d.connInfoLocked(s)
-	return &info, nil
+	return getInfo(d, "connection", name, (*config.Config).Session, d.connInfoLocked)
 }
 
 // Connect implements ctlapi.Service: the session is added and its first login awaited; if it

@@ -75,3 +75,13 @@ func RunWithin(t testing.TB, d time.Duration, fn func()) {
 			d, strconv.Quote(d.String()), buf[:n])
 	}
 }
+
+// Fuzz is the body of a fuzz target over one []byte: check runs on every input under Run, so
+// that an input that hangs fails the target. check runs on another goroutine: it reports with
+// t.Error and returns.
+func Fuzz(f *testing.F, check func(t *testing.T, b []byte)) {
+	f.Helper()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		Run(t, func() { check(t, b) })
+	})
+}

@@ -142,3 +142,37 @@ func (s *SyncBuffer) String() string {
 func LoopbackConfig(udpPort int) string {
 	return fmt.Sprintf("version: 1\ntransports:\n  - name: lo\n    address: 127.0.0.1\n    udp_port: %d\n", udpPort)
 }
+
+// Proc is a child process that a test started (StartProc).
+type Proc struct {
+	Cmd  *exec.Cmd
+	Done chan struct{} // closed once the process has exited
+	Err  error         // what Wait returned; set before Done is closed
+}
+
+// StartProc starts cmd and waits for it in the background. When the test ends, a process
+// still running is killed (by its PID: only the process this test started) and waited for; if
+// the test failed, what output returns then (e.g. the last lines the process wrote) is logged.
+func StartProc(t testing.TB, cmd *exec.Cmd, output func() string) *Proc {
+	t.Helper()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &Proc{Cmd: cmd, Done: make(chan struct{})}
+	go func() {
+		p.Err = cmd.Wait()
+		close(p.Done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.Done:
+		default:
+			_ = cmd.Process.Kill()
+			<-p.Done
+		}
+		if t.Failed() {
+			t.Logf("%s (pid %d) output:\n%s", filepath.Base(cmd.Path), cmd.Process.Pid, output())
+		}
+	})
+	return p
+}

@@ -6,14 +6,11 @@
 . /etc/srpd.sh
 
 role_main() {
-    net_and_rxe || return 1
-    load rdma_cm || return 1
-    verbs_up || return 1
-    ctl_show link list
+    srpd_up || return 1
     wait_for 30 "ping $DEST_IP" ping -c1 -W1 "$DEST_IP" || return 1
     log "$DEST_IP answers ping"
     cd /tmp || return 1
-    cat > /tmp/srpd.yaml <<CONF
+    srpd_conf <<CONF
 version: 1
 transports:
   - name: rxe
@@ -26,11 +23,6 @@ sessions:
     connect_timeout: 60s
     nbd:
       - {lun: 0, socket: /tmp/host-lun0.nbd}
-control:
-  socket: /tmp/srpd.sock
-logging:
-  level: info
-  format: console
 CONF
     t0=$(cut -d' ' -f1 /proc/uptime)
     srpd_start 150 || return 1

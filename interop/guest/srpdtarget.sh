@@ -7,12 +7,9 @@
 . /etc/srpd.sh
 
 role_main() {
-    net_and_rxe || return 1
-    load rdma_cm || return 1
-    verbs_up || return 1
-    ctl_show link list
+    srpd_up || return 1
     cd /tmp || return 1
-    cat > /tmp/srpd.yaml <<CONF
+    srpd_conf <<CONF
 version: 1
 transports:
   - name: rxe
@@ -33,11 +30,6 @@ sessions:
     target_port_id: 0x$ID_EXT$IOC_GUID
     nbd:
       - {lun: 0, socket: /tmp/self-lun0.nbd}
-control:
-  socket: /tmp/srpd.sock
-logging:
-  level: info
-  format: console
 CONF
     srpd_start 90 || return 1
     ctl_show status

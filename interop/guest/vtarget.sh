@@ -18,14 +18,8 @@ role_main() {
     : > /tmp/ctl.status
     timeout "$TARGET_WAIT_S" nc -l -p "$CTRL_PORT" -e /bin/srpv-ctl || true
     alive=yes; kill -0 "$tp" 2>/dev/null || alive=no
-    kill -TERM "$tp" 2>/dev/null
-    i=0
-    while kill -0 "$tp" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-    if kill -0 "$tp" 2>/dev/null; then
-        log "verbs-srptarget did not stop within 10 s of SIGTERM"; kill -9 "$tp"; wait "$tp"; trc=137
-    else
-        wait "$tp"; trc=$?
-    fi
+    stop_proc "$tp" verbs-srptarget 10
+    trc=$STOPPED_RC
     sed 's/^/    target log: /' /tmp/target.log | grep -vE 'DEBUG' | tail -n 60
     log "verbs-srptarget exit $trc (alive until END: $alive)"
     grep -q '^END' /tmp/ctl.status || { log "TARGET-CTL-TIMEOUT"; return 1; }

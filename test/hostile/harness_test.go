@@ -89,12 +89,10 @@ metrics:
 }
 
 type daemon struct {
+	*testutil.Proc
 	dir         string
-	cmd         *exec.Cmd
 	pid         int
 	out         *testutil.SyncBuffer
-	done        chan struct{}
-	waitErr     error
 	udpPort     int
 	metricsPort int
 	ctl         *ctlapi.Client
@@ -119,40 +117,23 @@ func startDaemonWith(t *testing.T, targetExtra string) *daemon {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	d := &daemon{dir: dir, out: &testutil.SyncBuffer{}, done: make(chan struct{}),
+	d := &daemon{dir: dir, out: &testutil.SyncBuffer{},
 		udpPort: testutil.FreeUDPPort(t), metricsPort: testutil.FreeTCPPort(t), nbdSocket: filepath.Join(dir, "keep.nbd")}
 	d.budget = rssBudget(t)
 	cfg := filepath.Join(dir, "srpd.yaml")
 	if err := os.WriteFile(cfg, []byte(daemonConfig(dir, d.udpPort, d.metricsPort, targetExtra)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d.cmd = exec.Command(bin, "-c", cfg, "--log-format", "json")
-	d.cmd.Stdout, d.cmd.Stderr = d.out, d.out
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	d.pid = d.cmd.Process.Pid
-	go func() {
-		d.waitErr = d.cmd.Wait()
-		close(d.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-d.done:
-		default:
-			_ = d.cmd.Process.Kill() // by PID: only the process this test started
-			<-d.done
-		}
-		if t.Failed() {
-			t.Logf("srpd (pid %d) output, last lines:\n%s", d.pid, tailLines(d.out.String(), 80))
-		}
-	})
+	cmd := exec.Command(bin, "-c", cfg, "--log-format", "json")
+	cmd.Stdout, cmd.Stderr = d.out, d.out
+	d.Proc = testutil.StartProc(t, cmd, func() string { return tailLines(d.out.String(), 80) })
+	d.pid = cmd.Process.Pid
 	d.ctl = ctlapi.NewClient(filepath.Join(dir, "ctl.sock"))
 	t.Cleanup(d.ctl.Close)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		if d.exited() {
-			t.Fatalf("srpd exited during start-up: %v\n%s", d.waitErr, tailLines(d.out.String(), 40))
+			t.Fatalf("srpd exited during start-up: %v\n%s", d.Err, tailLines(d.out.String(), 40))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		c, err := d.ctl.GetConnection(ctx, "keep")
@@ -174,7 +155,7 @@ func startDaemonWith(t *testing.T, targetExtra string) *daemon {
 
 func (d *daemon) exited() bool {
 	select {
-	case <-d.done:
+	case <-d.Done:
 		return true
 	default:
 		return false
@@ -186,9 +167,9 @@ func (d *daemon) crashReport() string {
 	out := d.out.String()
 	if i := strings.Index(out, "panic:"); i >= 0 {
 		end := min(len(out), i+3000)
-		return fmt.Sprintf("srpd (pid %d) exited: %v\n%s", d.pid, d.waitErr, out[i:end])
+		return fmt.Sprintf("srpd (pid %d) exited: %v\n%s", d.pid, d.Err, out[i:end])
 	}
-	return fmt.Sprintf("srpd (pid %d) exited: %v\n%s", d.pid, d.waitErr, tailLines(out, 40))
+	return fmt.Sprintf("srpd (pid %d) exited: %v\n%s", d.pid, d.Err, tailLines(out, 40))
 }
 
 // alive fails the test unless srpd still runs and its control API answers (bounded).

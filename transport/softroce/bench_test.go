@@ -198,26 +198,15 @@ func benchRawLink(b *testing.B, size int) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		rx := make([]link.Packet, lb.BatchSize())
-		for i := range rx {
-			rx[i].Buf = make([]byte, link.MaxPacket)
-		}
-		for {
-			for i := range rx {
-				rx[i].Buf = rx[i].Buf[:cap(rx[i].Buf)]
-			}
-			n, err := lb.Recv(rx)
-			if err != nil {
-				return
-			}
+		recvLoop(lb, lb.BatchSize(), func(rx []link.Packet) {
 			var k int64
-			for i := 0; i < n; i++ {
+			for i := range rx {
 				if p, err := wire.Parse(rx[i].Buf); err == nil {
 					k += int64(p.PayloadLen())
 				}
 			}
 			got.Add(k)
-		}
+		})
 	}()
 	batch := la.BatchSize()
 	tx := make([]link.Packet, batch)

@@ -112,20 +112,7 @@ func cmFuzzSetup(t *testing.T) *cmFuzzEnv {
 			t.Fatal(err)
 		}
 		// Drain what the device sends (nobody reads la otherwise).
-		go func() {
-			pk := make([]link.Packet, 32)
-			for i := range pk {
-				pk[i].Buf = make([]byte, link.MaxPacket)
-			}
-			for {
-				for i := range pk {
-					pk[i].Buf = pk[i].Buf[:cap(pk[i].Buf)]
-				}
-				if _, err := la.Recv(pk); err != nil {
-					return
-				}
-			}
-		}()
+		go recvLoop(la, 32, func([]link.Packet) {})
 		go func() {
 			var prev transport.CMConn
 			var prevQP transport.QP

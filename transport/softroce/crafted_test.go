@@ -34,22 +34,11 @@ func newRawPeer(t *testing.T, o connOpts) *rawPeer {
 	dut.bringUp(lb.LocalAddrPort(), peerQPN, uint32(p.psn), o)
 	go func() {
 		defer close(p.done)
-		pk := make([]link.Packet, 8)
-		for i := range pk {
-			pk[i].Buf = make([]byte, link.MaxPacket)
-		}
-		for {
+		recvLoop(lb, 8, func(pk []link.Packet) {
 			for i := range pk {
-				pk[i].Buf = pk[i].Buf[:cap(pk[i].Buf)]
-			}
-			n, err := lb.Recv(pk)
-			if err != nil {
-				return
-			}
-			for i := 0; i < n; i++ {
 				p.rx <- append([]byte(nil), pk[i].Buf...)
 			}
-		}
+		})
 	}()
 	t.Cleanup(func() {
 		dut.closeNoDrain()

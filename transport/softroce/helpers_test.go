@@ -24,6 +24,25 @@ type tb interface {
 	Errorf(format string, args ...any)
 }
 
+// recvLoop receives from l, n packets at most at a time, until Recv fails (the link is
+// closed), and hands each batch received to got.
+func recvLoop(l link.Link, n int, got func([]link.Packet)) {
+	pk := make([]link.Packet, n)
+	for i := range pk {
+		pk[i].Buf = make([]byte, link.MaxPacket)
+	}
+	for {
+		for i := range pk {
+			pk[i].Buf = pk[i].Buf[:cap(pk[i].Buf)]
+		}
+		k, err := l.Recv(pk)
+		if err != nil {
+			return
+		}
+		got(pk[:k])
+	}
+}
+
 func helper(t tb) {
 	if h, ok := t.(interface{ Helper() }); ok {
 		h.Helper()

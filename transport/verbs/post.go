@@ -19,27 +19,29 @@ func postErr(i int, wr uint64, err error) error {
 	return &transport.PostError{Index: i, WRID: wr, Err: err}
 }
 
-// ibvOpcode maps a transport opcode to enum ibv_wr_opcode (REG_MR is posted as BIND_MW).
+// ibvOpcodes maps a transport opcode to enum ibv_wr_opcode (REG_MR is posted as BIND_MW); ok
+// is false for an opcode the engine does not post.
+var ibvOpcodes = [...]struct {
+	op C.uint32_t
+	ok bool
+}{
+	transport.WRRDMAWrite:        {C.IBV_WR_RDMA_WRITE, true},
+	transport.WRRDMAWriteWithImm: {C.IBV_WR_RDMA_WRITE_WITH_IMM, true},
+	transport.WRSend:             {C.IBV_WR_SEND, true},
+	transport.WRSendWithImm:      {C.IBV_WR_SEND_WITH_IMM, true},
+	transport.WRRDMARead:         {C.IBV_WR_RDMA_READ, true},
+	transport.WRSendWithInv:      {C.IBV_WR_SEND_WITH_INV, true},
+	transport.WRLocalInv:         {C.IBV_WR_LOCAL_INV, true},
+	transport.WRRegMR:            {C.IBV_WR_BIND_MW, true},
+}
+
+// ibvOpcode is op's enum ibv_wr_opcode (ibvOpcodes).
 func ibvOpcode(op transport.WROpcode) (C.uint32_t, bool) {
-	switch op {
-	case transport.WRRDMAWrite:
-		return C.IBV_WR_RDMA_WRITE, true
-	case transport.WRRDMAWriteWithImm:
-		return C.IBV_WR_RDMA_WRITE_WITH_IMM, true
-	case transport.WRSend:
-		return C.IBV_WR_SEND, true
-	case transport.WRSendWithImm:
-		return C.IBV_WR_SEND_WITH_IMM, true
-	case transport.WRRDMARead:
-		return C.IBV_WR_RDMA_READ, true
-	case transport.WRSendWithInv:
-		return C.IBV_WR_SEND_WITH_INV, true
-	case transport.WRLocalInv:
-		return C.IBV_WR_LOCAL_INV, true
-	case transport.WRRegMR:
-		return C.IBV_WR_BIND_MW, true
+	if int(op) >= len(ibvOpcodes) {
+		return 0, false
 	}
-	return 0, false
+	e := ibvOpcodes[op]
+	return e.op, e.ok
 }
 
 // PostSend implements transport.QP. The chain is validated completely before anything reaches

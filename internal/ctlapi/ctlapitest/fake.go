@@ -199,6 +199,32 @@ func (f *Fake) target(name string) (*config.Target, error) {
 	return nil, fmt.Errorf("target %q: %w", name, ctlapi.ErrNotFound)
 }
 
+// lookup is the target a read of method names, or f's error for method, or not found.
+func (f *Fake) lookup(method, name string) (*config.Target, error) {
+	if err := f.fail(method); err != nil {
+		return nil, err
+	}
+	return f.target(name)
+}
+
+// infos is the info of each of xs, nil when there are none.
+func infos[T, I any](xs []T, info func(*T) I) []I {
+	var out []I
+	for i := range xs {
+		out = append(out, info(&xs[i]))
+	}
+	return out
+}
+
+// answer is the reply of a call that returns one object: err, or else info's.
+func answer[I any](err error, info func() I) (*I, error) {
+	if err != nil {
+		return nil, err
+	}
+	v := info()
+	return &v, nil
+}
+
 // ListTargets implements ctlapi.Service.
 func (f *Fake) ListTargets(context.Context) ([]ctlapi.TargetInfo, error) {
 	f.mu.Lock()
@@ -206,37 +232,23 @@ func (f *Fake) ListTargets(context.Context) ([]ctlapi.TargetInfo, error) {
 	if err := f.fail("ListTargets"); err != nil {
 		return nil, err
 	}
-	var out []ctlapi.TargetInfo
-	for i := range f.cfg.Targets {
-		out = append(out, f.targetInfo(&f.cfg.Targets[i]))
-	}
-	return out, nil
+	return infos(f.cfg.Targets, f.targetInfo), nil
 }
 
 // GetTarget implements ctlapi.Service.
 func (f *Fake) GetTarget(_ context.Context, name string) (*ctlapi.TargetInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.fail("GetTarget"); err != nil {
-		return nil, err
-	}
-	t, err := f.target(name)
-	if err != nil {
-		return nil, err
-	}
-	info := f.targetInfo(t)
-	return &info, nil
+	t, err := f.lookup("GetTarget", name)
+	return answer(err, func() ctlapi.TargetInfo { return f.targetInfo(t) })
 }
 
 // CreateTarget implements ctlapi.Service.
 func (f *Fake) CreateTarget(_ context.Context, t config.Target, opts ctlapi.MutateOptions) (*ctlapi.TargetInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.mutate("CreateTarget", opts.Persist, func(c *config.Config) error { return c.AddTarget(t) }); err != nil {
-		return nil, err
-	}
-	info := f.targetInfo(f.cfg.Target(t.Name))
-	return &info, nil
+	err := f.mutate("CreateTarget", opts.Persist, func(c *config.Config) error { return c.AddTarget(t) })
+	return answer(err, func() ctlapi.TargetInfo { return f.targetInfo(f.cfg.Target(t.Name)) })
 }
 
 // DeleteTarget implements ctlapi.Service.
@@ -263,29 +275,19 @@ func (f *Fake) DeleteTarget(_ context.Context, name string, opts ctlapi.DeleteOp
 func (f *Fake) ListLUNs(_ context.Context, target string) ([]ctlapi.LUNInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.fail("ListLUNs"); err != nil {
-		return nil, err
-	}
-	t, err := f.target(target)
+	t, err := f.lookup("ListLUNs", target)
 	if err != nil {
 		return nil, err
 	}
-	var out []ctlapi.LUNInfo
-	for _, l := range t.LUNs {
-		out = append(out, lunInfo(l))
-	}
-	return out, nil
+	return infos(t.LUNs, func(l *config.LUN) ctlapi.LUNInfo { return lunInfo(*l) }), nil
 }
 
 // AddLUN implements ctlapi.Service.
 func (f *Fake) AddLUN(_ context.Context, target string, l config.LUN, opts ctlapi.MutateOptions) (*ctlapi.LUNInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.mutate("AddLUN", opts.Persist, func(c *config.Config) error { return c.AddLUN(target, l) }); err != nil {
-		return nil, err
-	}
-	info := lunInfo(*f.cfg.Target(target).LUN(l.ID))
-	return &info, nil
+	err := f.mutate("AddLUN", opts.Persist, func(c *config.Config) error { return c.AddLUN(target, l) })
+	return answer(err, func() ctlapi.LUNInfo { return lunInfo(*f.cfg.Target(target).LUN(l.ID)) })
 }
 
 // RemoveLUN implements ctlapi.Service.
@@ -299,29 +301,19 @@ func (f *Fake) RemoveLUN(_ context.Context, target string, id int, opts ctlapi.M
 func (f *Fake) ListACLs(_ context.Context, target string) ([]ctlapi.ACLInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.fail("ListACLs"); err != nil {
-		return nil, err
-	}
-	t, err := f.target(target)
+	t, err := f.lookup("ListACLs", target)
 	if err != nil {
 		return nil, err
 	}
-	var out []ctlapi.ACLInfo
-	for _, a := range t.ACLs {
-		out = append(out, f.aclInfo(target, a))
-	}
-	return out, nil
+	return infos(t.ACLs, func(a *config.ACL) ctlapi.ACLInfo { return f.aclInfo(target, *a) }), nil
 }
 
 // AddACL implements ctlapi.Service.
 func (f *Fake) AddACL(_ context.Context, target string, a config.ACL, opts ctlapi.MutateOptions) (*ctlapi.ACLInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.mutate("AddACL", opts.Persist, func(c *config.Config) error { return c.AddACL(target, a) }); err != nil {
-		return nil, err
-	}
-	info := f.aclInfo(target, *f.cfg.Target(target).ACL(a.Initiator))
-	return &info, nil
+	err := f.mutate("AddACL", opts.Persist, func(c *config.Config) error { return c.AddACL(target, a) })
+	return answer(err, func() ctlapi.ACLInfo { return f.aclInfo(target, *f.cfg.Target(target).ACL(a.Initiator)) })
 }
 
 // RemoveACL implements ctlapi.Service.
@@ -394,11 +386,7 @@ func (f *Fake) ListConnections(context.Context) ([]ctlapi.ConnectionInfo, error)
 	if err := f.fail("ListConnections"); err != nil {
 		return nil, err
 	}
-	var out []ctlapi.ConnectionInfo
-	for _, s := range f.cfg.Sessions {
-		out = append(out, connInfo(s))
-	}
-	return out, nil
+	return infos(f.cfg.Sessions, func(s *config.Session) ctlapi.ConnectionInfo { return connInfo(*s) }), nil
 }
 
 // GetConnection implements ctlapi.Service.
@@ -417,11 +405,8 @@ func (f *Fake) GetConnection(_ context.Context, name string) (*ctlapi.Connection
 func (f *Fake) Connect(_ context.Context, s config.Session, opts ctlapi.MutateOptions) (*ctlapi.ConnectionInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.mutate("Connect", opts.Persist, func(c *config.Config) error { return c.AddSession(s) }); err != nil {
-		return nil, err
-	}
-	info := connInfo(*f.cfg.Session(s.Name))
-	return &info, nil
+	err := f.mutate("Connect", opts.Persist, func(c *config.Config) error { return c.AddSession(s) })
+	return answer(err, func() ctlapi.ConnectionInfo { return connInfo(*f.cfg.Session(s.Name)) })
 }
 
 // Disconnect implements ctlapi.Service.

@@ -35,30 +35,18 @@ import (
 
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/stack"
+	"github.com/srpd/srpd/interop/internal/verbscmd"
 	"github.com/srpd/srpd/srp"
-	"github.com/srpd/srpd/transport/verbs"
 )
 
-func env(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
-
 func main() {
-	dev := flag.String("dev", os.Getenv("SRPD_VERBS_DEVICE"), "RDMA device (default: the first one)")
+	dev, portIDS := verbscmd.Flags()
 	target := flag.String("target", "", "the target's IP address")
 	port := flag.Uint("port", 5555, "the target's RDMA CM port")
-	portIDS := flag.String("port-id", env("SRP_INTEROP_TARGET_PORT_ID",
-		env("SRP_INTEROP_ID_EXT", "5352500000000003")+env("SRP_INTEROP_IOC_GUID", "5352500000000003")), "SRP target port ID")
 	lunBytes := flag.Int64("lun-bytes", 0, "expected LUN 0 size in bytes (0: any)")
 	timeout := flag.Duration("timeout", 180*time.Second, "bound on the whole run")
 	flag.Parse()
-	zc := zap.NewDevelopmentConfig()
-	zc.Level = zap.NewAtomicLevelAt(zap.InfoLevel)
-	zc.OutputPaths = []string{"stderr"}
-	log, _ := zc.Build()
+	log := verbscmd.Logger(zap.InfoLevel)
 	defer func() { _ = log.Sync() }()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -82,18 +70,7 @@ func run(ctx context.Context, devName, targetS string, port uint16, portIDS stri
 	if err != nil {
 		return fmt.Errorf("-port-id: %w", err)
 	}
-	if devName == "" {
-		names, err := verbs.DeviceNames()
-		if err != nil {
-			return err
-		}
-		if len(names) == 0 {
-			return fmt.Errorf("%w: no RDMA device", verbs.ErrUnavailable)
-		}
-		devName = names[0]
-	}
-	tr, err := stack.OpenTransport(ctx, config.Transport{Name: "verbs", Driver: config.DriverVerbs, Device: devName},
-		stack.TransportOptions{Logger: log})
+	tr, devName, err := verbscmd.OpenTransport(ctx, devName, log)
 	if err != nil {
 		return err
 	}

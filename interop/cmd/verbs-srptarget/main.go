@@ -31,22 +31,13 @@ import (
 
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/stack"
-	"github.com/srpd/srpd/transport/verbs"
+	"github.com/srpd/srpd/interop/internal/verbscmd"
 )
 
-func env(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
-
 func main() {
-	dev := flag.String("dev", os.Getenv("SRPD_VERBS_DEVICE"), "RDMA device (default: the first one)")
+	dev, portIDS := verbscmd.Flags()
 	addrS := flag.String("addr", "", "address to listen on (default: the device's first IPv4 RoCEv2 address)")
 	port := flag.Uint("port", 5555, "RDMA CM port")
-	portIDS := flag.String("port-id", env("SRP_INTEROP_TARGET_PORT_ID",
-		env("SRP_INTEROP_ID_EXT", "5352500000000003")+env("SRP_INTEROP_IOC_GUID", "5352500000000003")), "SRP target port ID (32 hex digits)")
 	lunMiB := flag.Int("lun-mib", 64, "RAM LUN size in MiB")
 	verbose := flag.Bool("v", false, "debug logs")
 	flag.Parse()
@@ -55,10 +46,7 @@ func main() {
 	if *verbose {
 		lvl = zapcore.DebugLevel
 	}
-	zc := zap.NewDevelopmentConfig()
-	zc.Level = zap.NewAtomicLevelAt(lvl)
-	zc.OutputPaths = []string{"stderr"}
-	log, _ := zc.Build()
+	log := verbscmd.Logger(lvl)
 	defer func() { _ = log.Sync() }()
 
 	if err := run(*dev, *addrS, uint16(*port), *portIDS, *lunMiB, log); err != nil {
@@ -73,18 +61,7 @@ func run(devName, addrS string, port uint16, portIDS string, lunMiB int, log *za
 	if err != nil {
 		return fmt.Errorf("-port-id: %w", err)
 	}
-	if devName == "" {
-		names, err := verbs.DeviceNames()
-		if err != nil {
-			return err
-		}
-		if len(names) == 0 {
-			return fmt.Errorf("%w: no RDMA device", verbs.ErrUnavailable)
-		}
-		devName = names[0]
-	}
-	tr, err := stack.OpenTransport(context.Background(), config.Transport{Name: "verbs", Driver: config.DriverVerbs, Device: devName},
-		stack.TransportOptions{Logger: log})
+	tr, devName, err := verbscmd.OpenTransport(context.Background(), devName, log)
 	if err != nil {
 		return err
 	}

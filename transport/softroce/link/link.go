@@ -157,3 +157,14 @@ func (c *counters) checkRx(e *wire.Encap, buf []byte) bool {
 	}
 	return true
 }
+
+// recvInto checks the buffers of a Recv against the contract both links keep: every one can
+// hold MaxPacket bytes (else ErrBufferTooSmall). It reports whether there is any to fill.
+func recvInto(pkts []Packet) (bool, error) {
+	for i := range pkts {
+		if cap(pkts[i].Buf) < MaxPacket {
+			return false, ErrBufferTooSmall
+		}
+	}
+	return len(pkts) > 0, nil
+}

@@ -507,13 +507,8 @@ func (q *memQueue) hold(s int32, after uint64, d time.Duration) {
 
 // Recv implements Link.
 func (m *MemLink) Recv(pkts []Packet) (int, error) {
-	for i := range pkts {
-		if cap(pkts[i].Buf) < MaxPacket {
-			return 0, ErrBufferTooSmall
-		}
-	}
-	if len(pkts) == 0 {
-		return 0, nil
+	if ok, err := recvInto(pkts); !ok {
+		return 0, err
 	}
 	m.recvMu.Lock()
 	defer m.recvMu.Unlock()

@@ -115,20 +115,27 @@ func TestPipeBasic(t *testing.T) {
 func TestPipeCloseUnblocksRecv(t *testing.T) {
 	a, b := NewPipe(addrA, addrB, PipeConfig{})
 	defer a.Close()
-	errc := make(chan error)
+	closeUnblocksRecv(t, b, 1)
+}
+
+// closeUnblocksRecv checks that Close ends a Recv (of n buffers) blocked on l with
+// net.ErrClosed.
+func closeUnblocksRecv(t *testing.T, l Link, n int) {
+	t.Helper()
+	errc := make(chan error, 1)
 	go func() {
-		_, err := b.Recv(recvBufs(1))
+		_, err := l.Recv(recvBufs(n))
 		errc <- err
 	}()
-	time.Sleep(10 * time.Millisecond)
-	b.Close()
+	time.Sleep(20 * time.Millisecond)
+	l.Close()
 	select {
 	case err := <-errc:
 		if !errors.Is(err, net.ErrClosed) {
 			t.Fatal(err)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("Recv not unblocked")
+		t.Fatal("Recv not unblocked by Close")
 	}
 }
 

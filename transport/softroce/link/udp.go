@@ -529,13 +529,8 @@ func mmsg(trap, fd uintptr, msgs []unix.Mmsghdr) (int, unix.Errno) {
 
 // Recv implements Link.
 func (u *UDP) Recv(pkts []Packet) (int, error) {
-	for i := range pkts {
-		if cap(pkts[i].Buf) < MaxPacket {
-			return 0, ErrBufferTooSmall
-		}
-	}
-	if len(pkts) == 0 {
-		return 0, nil
+	if ok, err := recvInto(pkts); !ok {
+		return 0, err
 	}
 	u.recvMu.Lock()
 	defer u.recvMu.Unlock()

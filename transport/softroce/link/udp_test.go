@@ -133,21 +133,7 @@ func TestUDPWildcard(t *testing.T) {
 
 func TestUDPCloseUnblocks(t *testing.T) {
 	u := listen(t, lo4, UDPOptions{})
-	errc := make(chan error, 1)
-	go func() {
-		_, err := u.Recv(recvBufs(4))
-		errc <- err
-	}()
-	time.Sleep(20 * time.Millisecond)
-	u.Close()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Recv not unblocked by Close")
-	}
+	closeUnblocksRecv(t, u, 4)
 	if _, err := u.Send([]Packet{mkSend(t, netip.MustParseAddrPort("127.0.0.1:9"), 1, 1)}); !errors.Is(err, net.ErrClosed) {
 		t.Fatal(err)
 	}

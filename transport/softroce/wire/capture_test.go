@@ -154,16 +154,13 @@ func reencode(p Packet) error {
 	q.b[0] = byte(bf.Opcode) // the views locate headers by opcode
 	q.BTH().Encode(&bf)
 	if h := p.RETH(); h != nil {
-		f := h.Fields()
-		q.RETH().Encode(&f)
+		encodeFields(q.RETH(), h, RETH.Fields, RETH.Encode)
 	}
 	if h := p.AETH(); h != nil {
-		f := h.Fields()
-		q.AETH().Encode(&f)
+		encodeFields(q.AETH(), h, AETH.Fields, AETH.Encode)
 	}
 	if h := p.DETH(); h != nil {
-		f := h.Fields()
-		q.DETH().Encode(&f)
+		encodeFields(q.DETH(), h, DETH.Fields, DETH.Encode)
 	}
 	if h := p.ImmDt(); h != nil {
 		q.ImmDt().SetImm(h.Imm())
@@ -178,8 +175,7 @@ func reencode(p Packet) error {
 		copy(q.AtomicAckETH(), h)
 	}
 	if m := p.MAD(); m != nil {
-		f := m.Fields()
-		q.MAD().Encode(&f)
+		encodeFields(q.MAD(), m, MAD.Fields, MAD.Encode)
 	}
 	if string(cp) != string(p.Bytes()) {
 		return fmt.Errorf("re-encoded headers differ:\n got %x\nwant %x", cp[:p.HeaderLen()+MADHeaderLen], p.Bytes()[:p.HeaderLen()+MADHeaderLen])

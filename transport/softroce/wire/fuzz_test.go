@@ -27,194 +27,178 @@ func seedPackets(f *testing.F) []capPkt {
 	return all
 }
 
+// encodeFields encodes src's fields into dst, a header of the same kind, and returns dst.
+func encodeFields[F any, H ~[]byte](dst, src H, fields func(H) F, encode func(H, *F)) []byte {
+	f := fields(src)
+	encode(dst, &f)
+	return []byte(dst)
+}
+
 func FuzzParse(f *testing.F) {
 	seedPackets(f)
 	f.Add([]byte{})
 	f.Add(make([]byte, 16))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		fuzzbound.Run(t, func() {
-			p, err := Parse(b)
-			if err != nil {
-				var we Error
-				if !errors.As(err, &we) {
-					t.Errorf("untyped error %v", err)
-					return
-				}
+	fuzzbound.Fuzz(f, func(t *testing.T, b []byte) {
+		p, err := Parse(b)
+		if err != nil {
+			var we Error
+			if !errors.As(err, &we) {
+				t.Errorf("untyped error %v", err)
 				return
 			}
-			// Invariants of a parsed packet.
-			if p.Len() != len(b) || p.HeaderLen() != p.Opcode().HeaderLen() {
-				t.Error("lengths")
+			return
+		}
+		// Invariants of a parsed packet.
+		if p.Len() != len(b) || p.HeaderLen() != p.Opcode().HeaderLen() {
+			t.Error("lengths")
+			return
+		}
+		if p.HeaderLen()+p.PayloadLen()+len(p.Pad())+ICRCLen != len(b) || p.PayloadLen() < 0 {
+			t.Error("partition")
+			return
+		}
+		if (p.PayloadLen()+len(p.Pad()))%4 != 0 {
+			t.Error("alignment")
+			return
+		}
+		op := p.Opcode()
+		for _, v := range [][]byte{p.RDETH(), p.DETH(), p.RETH(), p.AtomicETH(), p.AETH(), p.AtomicAckETH(), p.ImmDt(), p.IETH(), p.FETH()} {
+			if v != nil && len(v) == 0 {
+				t.Error("empty view")
 				return
 			}
-			if p.HeaderLen()+p.PayloadLen()+len(p.Pad())+ICRCLen != len(b) || p.PayloadLen() < 0 {
-				t.Error("partition")
-				return
-			}
-			if (p.PayloadLen()+len(p.Pad()))%4 != 0 {
-				t.Error("alignment")
-				return
-			}
-			op := p.Opcode()
-			for _, v := range [][]byte{p.RDETH(), p.DETH(), p.RETH(), p.AtomicETH(), p.AETH(), p.AtomicAckETH(), p.ImmDt(), p.IETH(), p.FETH()} {
-				if v != nil && len(v) == 0 {
-					t.Error("empty view")
-					return
-				}
-			}
-			if (p.RETH() != nil) != op.Is(HasRETH) || (p.AETH() != nil) != op.Is(HasAETH) || (p.DETH() != nil) != op.Is(HasDETH) {
-				t.Error("view presence")
-				return
-			}
-			_ = p.BTH().Fields()
-			if m := p.MAD(); m != nil {
-				_ = m.Fields()
-			}
-			_ = p.ICRC()
-			// Re-encoding the BTH from its fields gives the same bytes except reserved bits.
-			f := p.BTH().Fields()
-			c := make(BTH, BTHLen)
-			c.Encode(&f)
-			want := append([]byte(nil), b[:BTHLen]...)
-			want[4] &= 0xC0
-			want[8] &= 0x80
-			if string(c) != string(want) {
-				t.Errorf("BTH re-encode %x != %x", []byte(c), want)
-				return
-			}
-		})
+		}
+		if (p.RETH() != nil) != op.Is(HasRETH) || (p.AETH() != nil) != op.Is(HasAETH) || (p.DETH() != nil) != op.Is(HasDETH) {
+			t.Error("view presence")
+			return
+		}
+		_ = p.BTH().Fields()
+		if m := p.MAD(); m != nil {
+			_ = m.Fields()
+		}
+		_ = p.ICRC()
+		// Re-encoding the BTH from its fields gives the same bytes except reserved bits.
+		c := encodeFields(make(BTH, BTHLen), p.BTH(), BTH.Fields, BTH.Encode)
+		want := append([]byte(nil), b[:BTHLen]...)
+		want[4] &= 0xC0
+		want[8] &= 0x80
+		if string(c) != string(want) {
+			t.Errorf("BTH re-encode %x != %x", c, want)
+			return
+		}
 	})
 }
 
 func FuzzBTH(f *testing.F) {
 	f.Add([]byte("\x04\x00\xff\xff\x00\x00\x00\x11\x80\x00\x01\x00"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		fuzzbound.Run(t, func() {
-			if len(b) < BTHLen {
-				return
-			}
-			h := BTH(b[:BTHLen])
-			fl := h.Fields()
-			c := make(BTH, BTHLen)
-			c.Encode(&fl)
-			if c.Fields() != fl {
-				t.Error("BTH round trip")
-				return
-			}
-			if fl.DestQP > qpnMask || !fl.PSN.Valid() || fl.PadCount > 3 || fl.TVer > 15 {
-				t.Error("field range")
-				return
-			}
-		})
+	fuzzbound.Fuzz(f, func(t *testing.T, b []byte) {
+		if len(b) < BTHLen {
+			return
+		}
+		h := BTH(b[:BTHLen])
+		fl := h.Fields()
+		c := make(BTH, BTHLen)
+		c.Encode(&fl)
+		if c.Fields() != fl {
+			t.Error("BTH round trip")
+			return
+		}
+		if fl.DestQP > qpnMask || !fl.PSN.Valid() || fl.PadCount > 3 || fl.TVer > 15 {
+			t.Error("field range")
+			return
+		}
 	})
 }
 
 func FuzzRETH(f *testing.F) {
 	f.Add(make([]byte, RETHLen))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		fuzzbound.Run(t, func() {
-			if len(b) < RETHLen {
-				return
-			}
-			fl := RETH(b).Fields()
-			c := make(RETH, RETHLen)
-			c.Encode(&fl)
-			if string(c) != string(b[:RETHLen]) {
-				t.Error("RETH round trip")
-				return
-			}
-		})
+	fuzzbound.Fuzz(f, func(t *testing.T, b []byte) {
+		if len(b) < RETHLen {
+			return
+		}
+		if c := encodeFields(make(RETH, RETHLen), RETH(b), RETH.Fields, RETH.Encode); string(c) != string(b[:RETHLen]) {
+			t.Error("RETH round trip")
+			return
+		}
 	})
 }
 
 func FuzzAETH(f *testing.F) {
 	f.Add([]byte{0x1f, 0, 0, 1})
 	f.Add([]byte{0x61, 0, 0, 1})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		fuzzbound.Run(t, func() {
-			if len(b) < AETHLen {
+	fuzzbound.Fuzz(f, func(t *testing.T, b []byte) {
+		if len(b) < AETHLen {
+			return
+		}
+		a := AETH(b)
+		if c := encodeFields(make(AETH, AETHLen), a, AETH.Fields, AETH.Encode); string(c) != string(b[:AETHLen]) {
+			t.Error("AETH round trip")
+			return
+		}
+		s := a.Syndrome()
+		_ = s.String()
+		switch s.Type() {
+		case SyndromeACK:
+			if n, ok := s.Credits(); ok && (n < 0 || n > 30) {
+				t.Error("credits")
 				return
 			}
-			a := AETH(b)
-			fl := a.Fields()
-			c := make(AETH, AETHLen)
-			c.Encode(&fl)
-			if string(c) != string(b[:AETHLen]) {
-				t.Error("AETH round trip")
+		case SyndromeRNRNAK:
+			if s.RNRTimer() > 31 || s.RNRTimer().Duration() <= 0 {
+				t.Error("rnr")
 				return
 			}
-			s := a.Syndrome()
-			_ = s.String()
-			switch s.Type() {
-			case SyndromeACK:
-				if n, ok := s.Credits(); ok && (n < 0 || n > 30) {
-					t.Error("credits")
-					return
-				}
-			case SyndromeRNRNAK:
-				if s.RNRTimer() > 31 || s.RNRTimer().Duration() <= 0 {
-					t.Error("rnr")
-					return
-				}
-			case SyndromeNAK:
-				if s.NakCode().Syndrome() != s {
-					t.Error("nak")
-					return
-				}
+		case SyndromeNAK:
+			if s.NakCode().Syndrome() != s {
+				t.Error("nak")
+				return
 			}
-		})
+		}
 	})
 }
 
 func FuzzDETH(f *testing.F) {
 	f.Add([]byte{0x80, 1, 0, 0, 0, 0, 0, 1})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		fuzzbound.Run(t, func() {
-			if len(b) < DETHLen {
-				return
-			}
-			d := DETH(b)
-			fl := d.Fields()
-			c := make(DETH, DETHLen)
-			c.Encode(&fl)
-			want := append([]byte(nil), b[:DETHLen]...)
-			want[4] = 0
-			if string(c) != string(want) {
-				t.Error("DETH round trip")
-				return
-			}
-		})
+	fuzzbound.Fuzz(f, func(t *testing.T, b []byte) {
+		if len(b) < DETHLen {
+			return
+		}
+		c := encodeFields(make(DETH, DETHLen), DETH(b), DETH.Fields, DETH.Encode)
+		want := append([]byte(nil), b[:DETHLen]...)
+		want[4] = 0
+		if string(c) != string(want) {
+			t.Error("DETH round trip")
+			return
+		}
 	})
 }
 
 func FuzzSmallHeaders(f *testing.F) {
 	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		fuzzbound.Run(t, func() {
-			if len(b) >= 4 {
-				i, m := IETH(b), ImmDt(b)
-				c := make(IETH, 4)
-				c.SetRKey(i.RKey())
-				d := make(ImmDt, 4)
-				d.SetImm(m.Imm())
-				if string(c) != string(b[:4]) || string(d) != string(b[:4]) {
-					t.Error("IETH/ImmDt")
-					return
-				}
-				_ = RDETH(b).EEContext()
-				_ = FETH(b).PlacementType()
+	fuzzbound.Fuzz(f, func(t *testing.T, b []byte) {
+		if len(b) >= 4 {
+			i, m := IETH(b), ImmDt(b)
+			c := make(IETH, 4)
+			c.SetRKey(i.RKey())
+			d := make(ImmDt, 4)
+			d.SetImm(m.Imm())
+			if string(c) != string(b[:4]) || string(d) != string(b[:4]) {
+				t.Error("IETH/ImmDt")
+				return
 			}
-			if len(b) >= AtomicAckETHLen {
-				_ = AtomicAckETH(b).OrigData()
+			_ = RDETH(b).EEContext()
+			_ = FETH(b).PlacementType()
+		}
+		if len(b) >= AtomicAckETHLen {
+			_ = AtomicAckETH(b).OrigData()
+		}
+		if len(b) >= AtomicETHLen {
+			a := AtomicETH(b)
+			if a.VA() != binary.BigEndian.Uint64(b) || a.Compare() != binary.BigEndian.Uint64(b[20:]) {
+				t.Error("AtomicETH")
+				return
 			}
-			if len(b) >= AtomicETHLen {
-				a := AtomicETH(b)
-				if a.VA() != binary.BigEndian.Uint64(b) || a.Compare() != binary.BigEndian.Uint64(b[20:]) {
-					t.Error("AtomicETH")
-					return
-				}
-			}
-		})
+		}
 	})
 }
 
@@ -225,26 +209,22 @@ func FuzzMAD(f *testing.F) {
 			break
 		}
 	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		fuzzbound.Run(t, func() {
-			m, err := ParseMAD(b)
-			if err != nil {
-				if len(b) >= MADHeaderLen {
-					t.Error("rejected a full header")
-					return
-				}
+	fuzzbound.Fuzz(f, func(t *testing.T, b []byte) {
+		m, err := ParseMAD(b)
+		if err != nil {
+			if len(b) >= MADHeaderLen {
+				t.Error("rejected a full header")
 				return
 			}
-			fl := m.Fields()
-			c := make(MAD, MADHeaderLen)
-			c.Encode(&fl)
-			want := append([]byte(nil), b[:MADHeaderLen]...)
-			want[18], want[19] = 0, 0
-			if string(c) != string(want) {
-				t.Error("MAD round trip")
-				return
-			}
-		})
+			return
+		}
+		c := encodeFields(make(MAD, MADHeaderLen), m, MAD.Fields, MAD.Encode)
+		want := append([]byte(nil), b[:MADHeaderLen]...)
+		want[18], want[19] = 0, 0
+		if string(c) != string(want) {
+			t.Error("MAD round trip")
+			return
+		}
 	})
 }
 
@@ -252,53 +232,51 @@ func FuzzParseEncap(f *testing.F) {
 	for _, v := range icrcVectors {
 		f.Add(unhex(f, v.ip))
 	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		fuzzbound.Run(t, func() {
-			e, hl, plen, err := ParseEncap(b)
-			if err != nil {
-				var we Error
-				if !errors.As(err, &we) {
-					t.Errorf("untyped error %v", err)
-				}
+	fuzzbound.Fuzz(f, func(t *testing.T, b []byte) {
+		e, hl, plen, err := ParseEncap(b)
+		if err != nil {
+			var we Error
+			if !errors.As(err, &we) {
+				t.Errorf("untyped error %v", err)
+			}
+			return
+		}
+		if hl != e.HeaderLen() || plen < 0 || !e.Valid() || e.Is4() != (b[0]>>4 == 4) {
+			t.Errorf("ParseEncap invariants: hl %d (Encap says %d), plen %d, valid %v, Is4 %v for IP version %d",
+				hl, e.HeaderLen(), plen, e.Valid(), e.Is4(), b[0]>>4)
+			return
+		}
+		// The Encap describes the header it came from: PutHeaders gives the same bytes but
+		// for the checksums (recomputed / written as 0) and a hop limit of 0 (means 64).
+		hdr := make([]byte, hl)
+		if _, err := e.PutHeaders(hdr, make([]byte, plen)); err != nil {
+			if !errors.Is(err, ErrPayloadTooLarge) {
+				t.Errorf("PutHeaders of a parsed Encap: %v", err)
+			}
+			return
+		}
+		want := append([]byte(nil), b[:hl]...)
+		want[hl-2], want[hl-1] = 0, 0
+		if e.Is4() {
+			copy(want[10:12], hdr[10:12])
+			if want[8] == 0 {
+				want[8] = 64
+			}
+		} else if want[7] == 0 {
+			want[7] = 64
+		}
+		if string(hdr) != string(want) {
+			t.Errorf("PutHeaders(ParseEncap(h)) = %x, want %x", hdr, want)
+			return
+		}
+		if len(b) >= hl+plen && plen >= BTHLen+ICRCLen {
+			pkt := b[hl : hl+plen]
+			got, err := ICRCFromHeaders(b[:hl-UDPHeaderLen], b[hl-UDPHeaderLen:hl], pkt)
+			if err != nil || got != e.ICRC(pkt) {
+				t.Errorf("ICRCFromHeaders %#x (%v) != Encap.ICRC %#x", got, err, e.ICRC(pkt))
 				return
 			}
-			if hl != e.HeaderLen() || plen < 0 || !e.Valid() || e.Is4() != (b[0]>>4 == 4) {
-				t.Errorf("ParseEncap invariants: hl %d (Encap says %d), plen %d, valid %v, Is4 %v for IP version %d",
-					hl, e.HeaderLen(), plen, e.Valid(), e.Is4(), b[0]>>4)
-				return
-			}
-			// The Encap describes the header it came from: PutHeaders gives the same bytes but
-			// for the checksums (recomputed / written as 0) and a hop limit of 0 (means 64).
-			hdr := make([]byte, hl)
-			if _, err := e.PutHeaders(hdr, make([]byte, plen)); err != nil {
-				if !errors.Is(err, ErrPayloadTooLarge) {
-					t.Errorf("PutHeaders of a parsed Encap: %v", err)
-				}
-				return
-			}
-			want := append([]byte(nil), b[:hl]...)
-			want[hl-2], want[hl-1] = 0, 0
-			if e.Is4() {
-				copy(want[10:12], hdr[10:12])
-				if want[8] == 0 {
-					want[8] = 64
-				}
-			} else if want[7] == 0 {
-				want[7] = 64
-			}
-			if string(hdr) != string(want) {
-				t.Errorf("PutHeaders(ParseEncap(h)) = %x, want %x", hdr, want)
-				return
-			}
-			if len(b) >= hl+plen && plen >= BTHLen+ICRCLen {
-				pkt := b[hl : hl+plen]
-				got, err := ICRCFromHeaders(b[:hl-UDPHeaderLen], b[hl-UDPHeaderLen:hl], pkt)
-				if err != nil || got != e.ICRC(pkt) {
-					t.Errorf("ICRCFromHeaders %#x (%v) != Encap.ICRC %#x", got, err, e.ICRC(pkt))
-					return
-				}
-			}
-		})
+		}
 	})
 }
 

@@ -27,7 +27,15 @@ import (
 // shrinks under pressure. A legitimate initiator's login, which completes in a round trip,
 // therefore never waits behind forged ones from any source.
 func (t *Target) Serve(ctx context.Context, ln transport.Listener, dev transport.Device) error {
+	// Joining serving under t.mu, after checking closing: Close sets closing under t.mu before
+	// it waits, so Add never races with that Wait (a Serve started as Close runs returns).
+	t.mu.Lock()
+	if t.closing {
+		t.mu.Unlock()
+		return nil
+	}
 	t.serving.Add(1)
+	t.mu.Unlock()
 	defer t.serving.Done()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -238,3 +238,32 @@ func waitFor(t testing.TB, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestServeRacesClose: Serve started as the target closes (srpd's StartTarget runs Serve on
+// goroutines a Close can overtake) either serves until Close or returns at once; Close never
+// waits for a Serve it could not see (found by -race in the daemon's tests: Serve's Add on
+// the serving WaitGroup raced with Close's Wait). A Serve after Close returns nil at once.
+func TestServeRacesClose(t *testing.T) {
+	for i := range 50 {
+		tgt, err := New(Config{Name: "t", PortID: srp.MakePortID(1, uint64(i+1)), Limits: Limits{QueueDepth: 4, MaxTransfer: 64 << 10}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln := &fakeListener{reqs: make(chan transport.ConnRequest)}
+		served := make(chan error, 1)
+		go func() { served <- tgt.Serve(context.Background(), ln, nil) }()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := tgt.Close(ctx); err != nil {
+			t.Fatalf("round %d: Close: %v", i, err)
+		}
+		cancel()
+		select {
+		case err := <-served:
+			if err != nil {
+				t.Fatalf("round %d: Serve: %v", i, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d: Serve did not return after Close", i)
+		}
+	}
+}

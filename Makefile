@@ -4,7 +4,7 @@ PKGS     ?= ./...
 BENCHTIME ?= 1s
 TESTFLAGS ?= -race -timeout 20m
 
-.PHONY: all build test fmt-check generate-check vet unit allocs model bench fuzz-smoke demo interop clean test-hostile soak
+.PHONY: all build test fmt-check generate-check vet unit allocs model bench fuzz-smoke demo interop clean test-hostile soak release install deb
 
 all: build
 
@@ -31,6 +31,7 @@ generate-check:
 
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags gendocs ./cmd/srpctl/
 
 unit:
 	$(GO) test $(TESTFLAGS) $(PKGS)
@@ -103,6 +104,97 @@ soak:
 
 clean:
 	$(GO) clean -testcache
+	rm -rf dist
+
+# Packaging. `make release`: dist/bin/srpd and srpctl, static (CGO_ENABLED=0: the default
+# build is pure Go; the verbs and rbd builds are not packaged), -trimpath, stamped with
+# `git describe --always --dirty` (srpd --version, srpctl --version); srpctl's man pages
+# (cobra/doc, from a -tags gendocs build: cmd/srpctl/gendocs.go) and packaging/srpd.8,
+# gzipped; srpctl's bash, zsh and fish completion (cobra's). The man pages' date is the
+# commit's (SOURCE_DATE_EPOCH), so two builds of a commit are the same.
+# `make install`: those, the unit (ExecStart pointed at $(SBINDIR)), the sysusers and tmpfiles
+# entries, the examples, and configs/srpd.default.yaml as $(SYSCONFDIR)/srpd/srpd.yaml unless
+# that exists, under $(DESTDIR); then run what it prints.
+# `make deb`: `make install` into dist/root with Debian's paths, packaged by nfpm
+# (packaging/nfpm.yaml, maintainer scripts in packaging/deb/): dist/srpd_VERSION_amd64.deb.
+# nfpm is a tool of its own module (packaging/tools/go.mod, pinned there with its go.sum) so its
+# many dependencies stay out of srpd's go.mod. scripts/deb-check.sh installs, checks and purges
+# the package (root; CI runs it).
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+DEB_VERSION ?= $(shell ./packaging/deb-version.sh)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+RELEASE_GOFLAGS = -trimpath -ldflags '-s -w -X main.version=$(VERSION)'
+PREFIX ?= /usr/local
+DESTDIR ?=
+SYSCONFDIR ?= /etc
+BINDIR ?= $(PREFIX)/bin
+SBINDIR ?= $(PREFIX)/sbin
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
+MANDIR ?= $(PREFIX)/share/man
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR ?= $(PREFIX)/share/zsh/site-functions
+FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
+DOCDIR ?= $(PREFIX)/share/doc/srpd
+
+release:
+	rm -rf dist/bin dist/man dist/completion
+	mkdir -p dist/bin dist/man dist/completion
+	CGO_ENABLED=0 $(GO) build $(RELEASE_GOFLAGS) -o dist/bin/ ./cmd/srpd ./cmd/srpctl
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) CGO_ENABLED=0 $(GO) run $(RELEASE_GOFLAGS) -tags gendocs ./cmd/srpctl gen-man dist/man
+	cp packaging/srpd.8 dist/man/
+	gzip -9n dist/man/*
+	dist/bin/srpctl completion bash > dist/completion/srpctl.bash
+	dist/bin/srpctl completion zsh > dist/completion/_srpctl
+	dist/bin/srpctl completion fish > dist/completion/srpctl.fish
+
+install: release
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(UNITDIR) \
+		$(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(MANDIR)/man1 \
+		$(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) \
+		$(DESTDIR)$(FISHCOMPDIR) $(DESTDIR)$(DOCDIR)/examples
+	install -m 0755 dist/bin/srpd $(DESTDIR)$(SBINDIR)/srpd
+	install -m 0755 dist/bin/srpctl $(DESTDIR)$(BINDIR)/srpctl
+	sed -E '/^Exec/ s|/usr/sbin/srpd|$(SBINDIR)/srpd|g; /^Exec/ s|/usr/bin/srpctl|$(BINDIR)/srpctl|g' \
+		systemd/srpd.service > dist/srpd.service
+	install -m 0644 dist/srpd.service $(DESTDIR)$(UNITDIR)/srpd.service
+	install -m 0644 systemd/srpd.sysusers.conf $(DESTDIR)$(SYSUSERSDIR)/srpd.conf
+	install -m 0644 systemd/srpd.tmpfiles.conf $(DESTDIR)$(TMPFILESDIR)/srpd.conf
+	install -m 0644 dist/man/*.1.gz $(DESTDIR)$(MANDIR)/man1/
+	install -m 0644 dist/man/*.8.gz $(DESTDIR)$(MANDIR)/man8/
+	install -m 0644 dist/completion/srpctl.bash $(DESTDIR)$(BASHCOMPDIR)/srpctl
+	install -m 0644 dist/completion/_srpctl $(DESTDIR)$(ZSHCOMPDIR)/_srpctl
+	install -m 0644 dist/completion/srpctl.fish $(DESTDIR)$(FISHCOMPDIR)/srpctl.fish
+	install -m 0644 configs/srpd.reference.yaml systemd/blockdev.conf.example \
+		systemd/verbs.conf.example $(DESTDIR)$(DOCDIR)/examples/
+	@# /etc/srpd may already be 0770 root:srpd (tmpfiles): create it only if missing, and
+	@# never overwrite an existing configuration.
+	@if [ ! -d $(DESTDIR)$(SYSCONFDIR)/srpd ]; then install -d -m 0750 $(DESTDIR)$(SYSCONFDIR)/srpd; fi
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/srpd/srpd.yaml ]; then \
+		echo "make install: keeping $(DESTDIR)$(SYSCONFDIR)/srpd/srpd.yaml"; \
+	else \
+		echo "install -m 0640 configs/srpd.default.yaml $(DESTDIR)$(SYSCONFDIR)/srpd/srpd.yaml"; \
+		install -m 0640 configs/srpd.default.yaml $(DESTDIR)$(SYSCONFDIR)/srpd/srpd.yaml; \
+	fi
+	@if [ -z "$(DESTDIR)" ]; then \
+		echo "Now: systemd-sysusers srpd.conf && systemd-tmpfiles --create srpd.conf && systemctl daemon-reload"; \
+		echo "     then edit $(SYSCONFDIR)/srpd/srpd.yaml and: systemctl enable --now srpd"; \
+	fi
+
+# Debian's paths: the unit in /lib/systemd/system (Debian 12's place), zsh's vendor directory.
+deb:
+	rm -rf dist/root
+	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/dist/root PREFIX=/usr SYSCONFDIR=/etc \
+		UNITDIR=/lib/systemd/system ZSHCOMPDIR=/usr/share/zsh/vendor-completions
+	rm -f dist/*.deb
+	@# Every file's time the commit's, as the man pages' date: the same commit, the same .deb.
+	find dist/root -exec touch -h -d @$(SOURCE_DATE_EPOCH) {} +
+	@# `go tool -n` builds nfpm (once; the build cache keeps it) and prints its path: nfpm runs
+	@# here, where packaging/nfpm.yaml's relative paths start.
+	nfpm=$$($(GO) -C packaging/tools tool -n nfpm) && \
+	DEB_VERSION='$(DEB_VERSION)' SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) \
+		$$nfpm package --config packaging/nfpm.yaml --packager deb --target dist/
 
 # Interop with the Linux kernel (Debian 6.1 under QEMU, rdma_rxe; see $(INTEROP)/README.md):
 # its ib_srp initiator logs in to srpd (the daemon, as the target) and runs checksummed I/O, then

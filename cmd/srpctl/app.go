@@ -95,9 +95,11 @@ without it the change lasts until srpd restarts or reloads.
 			}
 			return nil
 		},
-		Args: cobra.ArbitraryArgs,
-		RunE: groupRunE,
+		Args:    cobra.ArbitraryArgs,
+		RunE:    groupRunE,
+		Version: versionString(),
 	}
+	root.SetVersionTemplate("srpctl {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVarP(&a.output, "output", "o", outputTable, "output format: table or json")
@@ -116,6 +118,7 @@ without it the change lasts until srpd restarts or reloads.
 		newLinkCmd(a),
 		newConfigCmd(a),
 	)
+	root.AddCommand(packagingCmds(a)...)
 	return root
 }
 

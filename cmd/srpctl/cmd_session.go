@@ -102,6 +102,7 @@ func newConnectCmd(a *app) *cobra.Command {
 		connectTimeout          time.Duration
 		rd, ff, dl              timeoutFlag
 		nbd                     []string
+		nbdMode, nbdGroup       string
 	)
 	cmd := &cobra.Command{
 		Use:   "connect NAME --address HOST[:PORT] --target-port-id ID [flags] | connect [NAME] -f FILE",
@@ -119,7 +120,7 @@ Remote LUNs can be exported over NBD with --nbd LUN=SOCKET.`,
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			if file != "" {
 				ps, err := fromFile(a, cmd, argv, file, []string{"address", "port", "target-port-id", "initiator-ext", "transport", "source", "ch-count",
-					"queue-depth", "max-it-iu-len", "no-immediate-data", "connect-timeout", "reconnect-delay", "fast-io-fail-tmo", "dev-loss-tmo", "nbd"},
+					"queue-depth", "max-it-iu-len", "no-immediate-data", "connect-timeout", "reconnect-delay", "fast-io-fail-tmo", "dev-loss-tmo", "nbd", "nbd-mode", "nbd-group"},
 					config.ParseSession, func(s *config.Session) string { return s.Name })
 				if err != nil {
 					return err
@@ -169,7 +170,13 @@ Remote LUNs can be exported over NBD with --nbd LUN=SOCKET.`,
 					if err != nil {
 						return err
 					}
-					s.NBD = append(s.NBD, config.NBDExport{LUN: n, Socket: sock})
+					e := config.NBDExport{LUN: n, Socket: sock, Group: nbdGroup}
+					if nbdMode != "" {
+						if e.Mode, err = config.ParseFileMode(nbdMode); err != nil {
+							return usagef("--nbd-mode %q: %v", nbdMode, err)
+						}
+					}
+					s.NBD = append(s.NBD, e)
 				}
 			}
 			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
@@ -206,6 +213,8 @@ Remote LUNs can be exported over NBD with --nbd LUN=SOCKET.`,
 	f.Var(&ff, "fast-io-fail-tmo", "fail queued I/O after the link is down this long, or off (default 15s)")
 	f.Var(&dl, "dev-loss-tmo", "give the remote LUNs up after this long, or off (default 600s)")
 	f.StringArrayVar(&nbd, "nbd", nil, "export remote LUN over NBD: LUN=SOCKET (repeatable)")
+	f.StringVar(&nbdMode, "nbd-mode", "", "permission bits of the --nbd sockets, octal (default 0660)")
+	f.StringVar(&nbdGroup, "nbd-group", "", "group owning the --nbd sockets, name or id (default: the control socket's group)")
 	f.BoolVar(&persist, "persist", false, "also write the session to srpd's configuration file")
 	return cmd
 }

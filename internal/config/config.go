@@ -43,6 +43,7 @@ const (
 
 	DefaultControlSocket = "/run/srpd/srpd.sock"
 	DefaultControlMode   = FileMode(0o660)
+	DefaultNBDSocketMode = FileMode(0o660)
 
 	DefaultLogLevel  = "info"
 	DefaultLogFormat = "auto"
@@ -317,11 +318,16 @@ type NBDExport struct {
 	// clients that connect but never finish the handshake are bounded by as many again.
 	// Established clients are never affected.
 	MaxConnections int `yaml:"max_connections,omitempty" json:"max_connections,omitempty"`
-	// WriteTimeout closes a client that does not read its replies: a batch of replies that
-	// waits for the socket longer than this (1s..1h, default 30s; off: never) ends the
-	// connection, and its buffers go back to the export. The client must then read at least
-	// 64 MiB (its buffer window) per write_timeout while it has that much in flight.
+	// WriteTimeout closes a client that does not read its replies: when a batch of replies
+	// waits for the socket and the client takes nothing from it for this long (1s..1h,
+	// default 30s; off: never), the connection ends and its buffers go back to the export. A
+	// client that reads slowly but steadily is not cut off.
 	WriteTimeout *Timeout `yaml:"write_timeout,omitempty" json:"write_timeout,omitempty"`
+	// Mode is the socket's permission bits (default 0660), and Group the group that owns it
+	// (name or numeric id; default: the control socket's group, else the daemon's), so that
+	// a hypervisor's user in that group can connect without running as root.
+	Mode  FileMode `yaml:"mode,omitempty" json:"mode,omitempty"`
+	Group string   `yaml:"group,omitempty" json:"group,omitempty"`
 }
 
 // Control is the control API's unix socket (srpctl).

@@ -644,6 +644,10 @@ func (v *validator) session(p string, s *Session) {
 				v.errorf(join(np, "write_timeout"), ErrInvalid, "%s must be off or between 1s and 1h", d)
 			}
 		}
+		if e.Mode != 0 {
+			v.socketMode(join(np, "mode"), e.Mode)
+		}
+		v.groupName(join(np, "group"), e.Group)
 	}
 }
 
@@ -701,12 +705,22 @@ func (v *validator) timeouts(p string, s *Session) {
 
 func (v *validator) control(p string, c *Control) {
 	v.absPath(join(p, "socket"), c.Socket, maxSocketPath)
-	if c.Mode > 0o777 {
-		v.errorf(join(p, "mode"), ErrInvalid, "%s has bits outside 0777", c.Mode)
-	} else if c.Mode&0o600 != 0o600 {
-		v.errorf(join(p, "mode"), ErrInvalid, "%s must give the owner read and write (0600)", c.Mode)
+	v.socketMode(join(p, "mode"), c.Mode)
+	v.groupName(join(p, "group"), c.Group)
+}
+
+// socketMode checks a unix socket's permission bits: within 0777, owner read and write.
+func (v *validator) socketMode(p string, m FileMode) {
+	if m > 0o777 {
+		v.errorf(p, ErrInvalid, "%s has bits outside 0777", m)
+	} else if m&0o600 != 0o600 {
+		v.errorf(p, ErrInvalid, "%s must give the owner read and write (0600)", m)
 	}
-	if c.Group != "" && !groupRE.MatchString(c.Group) {
-		v.errorf(join(p, "group"), ErrInvalid, "%q is not a group name or numeric group id", c.Group)
+}
+
+// groupName checks an optional group name or numeric id.
+func (v *validator) groupName(p, g string) {
+	if g != "" && !groupRE.MatchString(g) {
+		v.errorf(p, ErrInvalid, "%q is not a group name or numeric group id", g)
 	}
 }

@@ -33,6 +33,7 @@ type connRT struct {
 	first  chan struct{} // the first login attempt is over (firstErr says how)
 
 	nbdShutdown time.Duration
+	nbdGroup    string // the group of NBD sockets whose export names none: the control socket's
 
 	mu          sync.Mutex
 	firstErr    error
@@ -81,10 +82,11 @@ func (d *timedDevice) Flush(ctx context.Context) error {
 	return err
 }
 
-// startConn starts keeping session cfg up.
-func (d *Daemon) startConn(cfg config.Session, tr *stack.Transport) *connRT {
+// startConn starts keeping session cfg up; its NBD sockets that name no group get nbdGroup.
+func (d *Daemon) startConn(cfg config.Session, tr *stack.Transport, nbdGroup string) *connRT {
 	c := &connRT{cfg: cfg, tr: tr, log: d.log.With(zap.String("connection", cfg.Name)),
-		done: make(chan struct{}), first: make(chan struct{}), nbdShutdown: d.opts.drainTimeout() / 2}
+		done: make(chan struct{}), first: make(chan struct{}), nbdShutdown: d.opts.drainTimeout() / 2,
+		nbdGroup: nbdGroup}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	go c.run()
 	return c
@@ -186,7 +188,7 @@ func (c *connRT) startExports(sess *initiator.Session) {
 		x := &nbdExport{lun: e.LUN, socket: e.Socket, io: &ioTimes{}}
 		exps = append(exps, x)
 		var err error
-		x.x, err = stack.ServeNBD(sess, e, stack.NBDOptions{Logger: c.log, Session: c.cfg.Name, ShutdownTimeout: c.nbdShutdown,
+		x.x, err = stack.ServeNBD(sess, e, stack.NBDOptions{Logger: c.log, Session: c.cfg.Name, ShutdownTimeout: c.nbdShutdown, Group: c.nbdGroup,
 			Wrap: func(d nbd.Device) nbd.Device { return &timedDevice{Device: d, t: x.io} }})
 		if err != nil {
 			x.err = err.Error()

@@ -7,9 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/ctlapi"
+	"github.com/srpd/srpd/internal/stack"
 )
 
 // ErrSocketInUse: the control socket answers: another srpd runs with it.
@@ -66,31 +65,10 @@ func prepareSocket(path string, log *zap.Logger) error {
 	return nil
 }
 
-// lookupGroup resolves a group name or numeric id.
-func lookupGroup(g string) (int, error) {
-	if n, err := strconv.Atoi(g); err == nil {
-		return n, nil
-	}
-	gr, err := user.LookupGroup(g)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.Atoi(gr.Gid)
-}
-
-// setSocketAccess gives the socket its mode and group.
+// setSocketAccess gives the control socket its mode and group.
 func setSocketAccess(c config.Control) error {
-	if c.Group != "" {
-		gid, err := lookupGroup(c.Group)
-		if err != nil {
-			return fmt.Errorf("control socket %s: group %q: %w", c.Socket, c.Group, err)
-		}
-		if err := os.Lchown(c.Socket, -1, gid); err != nil {
-			return fmt.Errorf("control socket %s: %w", c.Socket, err)
-		}
-	}
-	if err := os.Chmod(c.Socket, os.FileMode(c.Mode)); err != nil {
-		return fmt.Errorf("control socket %s: %w", c.Socket, err)
+	if err := stack.SetSocketAccess(c.Socket, c.Mode, c.Group); err != nil {
+		return fmt.Errorf("control %w", err)
 	}
 	return nil
 }

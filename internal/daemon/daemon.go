@@ -439,7 +439,7 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 		if tr := d.transports[cfg.Transport]; tr == nil {
 			err = fmt.Errorf("session %s: transport %q is not up: %w", n, cfg.Transport, ctlapi.ErrUnavailable)
 		} else {
-			d.conns[n] = d.startConn(*cfg, tr)
+			d.conns[n] = d.startConn(*cfg, tr, new.Control.Group)
 		}
 		errs = d.noteStartLocked(errs, "session/"+n, err)
 		d.mu.Unlock()

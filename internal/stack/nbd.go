@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -42,6 +43,9 @@ type NBDOptions struct {
 	Workers     int
 	ReadSpin    time.Duration
 	HeapBuffers bool
+	// Group owns the socket when the export names none (the daemon passes the control
+	// socket's group); empty: the daemon's own group.
+	Group string
 }
 
 // NBDConfig maps an export's max_connections and write_timeout to the NBD server's Config
@@ -99,6 +103,13 @@ func ServeNBD(sess *initiator.Session, e config.NBDExport, o NBDOptions) (*Expor
 	}
 	if _, err := srv.ListenUnix(e.Socket); err != nil {
 		return nil, err
+	}
+	if err := SetSocketAccess(e.Socket, cmp.Or(e.Mode, config.DefaultNBDSocketMode), cmp.Or(e.Group, o.Group)); err != nil {
+		// Serve on a cancelled context closes the listener (and removes the socket) at once.
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = srv.Serve(ctx)
+		return nil, fmt.Errorf("NBD export: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	x := &Export{Config: e, Server: srv, cancel: cancel, done: make(chan struct{})}

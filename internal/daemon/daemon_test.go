@@ -64,8 +64,15 @@ type harness struct {
 func startHarness(t *testing.T) *harness {
 	t.Helper()
 	dir := testutil.ShortTempDir(t, "srpd-d-")
+	return startHarnessWith(t, dir, testConfig(dir, testutil.FreeUDPPort(t)))
+}
+
+// startHarnessWith starts a daemon in-process from the configuration src, written to
+// dir/srpd.yaml; its control socket must be dir/ctl.sock.
+func startHarnessWith(t *testing.T, dir, src string) *harness {
+	t.Helper()
 	path := filepath.Join(dir, "srpd.yaml")
-	if err := os.WriteFile(path, []byte(testConfig(dir, testutil.FreeUDPPort(t))), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := config.Load(path)

@@ -4,7 +4,6 @@ package daemon
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -15,11 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
-
-	"github.com/srpd/srpd/internal/config"
-	"github.com/srpd/srpd/internal/ctlapi"
 	"github.com/srpd/srpd/internal/testutil"
 	"github.com/srpd/srpd/scsi/backend"
 )
@@ -35,7 +29,6 @@ func TestRBDLUNThroughNBD(t *testing.T) {
 	}
 	dir := testutil.ShortTempDir(t, "srpd-rbd-")
 	socket := filepath.Join(dir, "s.nbd")
-	path := filepath.Join(dir, "srpd.yaml")
 	src := fmt.Sprintf(`version: 1
 transports:
   - name: lo
@@ -65,28 +58,8 @@ sessions:
 control:
   socket: %s/ctl.sock
 `, testutil.FreeUDPPort(t), portA, conf, pool, image, portA, socket, dir)
-	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := zap.NewNop()
-	if testing.Verbose() {
-		log = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
-	}
-	d := New(Options{ConfigPath: path, Logger: log, DrainTimeout: 20 * time.Second})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := d.Start(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	c := ctlapi.NewClient(filepath.Join(dir, "ctl.sock"))
-	t.Cleanup(func() {
-		c.Close()
-		d.Shutdown(context.Background())
-	})
+	h := startHarnessWith(t, dir, src)
+	c, ctx := h.c, h.ctx()
 
 	// The image's size is the LUN's capacity.
 	ref, err := backend.OpenRBD(backend.RBDOptions{ConfigFile: conf, Pool: pool, Image: image, ReadOnly: true})

@@ -272,6 +272,8 @@ type reply struct {
 	chunks  []uint16
 	message string
 	dataOff uint64 // offset of the OFFSET_DATA chunk
+	metaID  uint32 // context ID of a BLOCK_STATUS chunk
+	extents [][2]uint32
 }
 
 // readReply reads one complete reply (all chunks of a structured one; chunks of different
@@ -342,6 +344,14 @@ func (c *client) readReply() (reply, error) {
 				r.errno = Errno(binary.BigEndian.Uint32(p))
 				ml := binary.BigEndian.Uint16(p[4:])
 				r.message = string(p[6 : 6+ml])
+			case replyTypeBlockStatus:
+				if len(p) < 12 || (len(p)-4)%8 != 0 {
+					return r, fmt.Errorf("block status chunk of %d bytes", len(p))
+				}
+				r.metaID = binary.BigEndian.Uint32(p)
+				for d := p[4:]; len(d) > 0; d = d[8:] {
+					r.extents = append(r.extents, [2]uint32{binary.BigEndian.Uint32(d), binary.BigEndian.Uint32(d[4:])})
+				}
 			case replyTypeNone:
 			default:
 				return r, fmt.Errorf("chunk type %d", typ)

@@ -41,6 +41,7 @@ type request struct {
 	out    []byte      // the encoded reply, set by serve, written by the reply writer
 	async  bool        // posted to the AsyncDevice (answered from afn)
 	afn    func(error) // the request's completion for the AsyncDevice, made once
+	bsLen  int         // the length of a BLOCK_STATUS reply encoded in scratch
 	// scratch holds the reply of a request without a data payload: a simple reply, a
 	// structured NONE chunk or an error chunk with its message.
 	scratch [errorChunkHdrLen + maxErrorMessage]byte
@@ -82,6 +83,12 @@ type conn struct {
 	readOnly   bool
 	canTrim    bool
 	since      time.Time
+	// metaExp is the export base:allocation was selected for by NBD_OPT_SET_META_CONTEXT
+	// (nil: none); blockStatus is whether it is the export in transmission, and bsDev the
+	// Device's allocation map if it has one.
+	metaExp     *export
+	blockStatus bool
+	bsDev       BlockStatuser
 
 	// Transmission. The workers take turns reading (leader/followers): the one holding rdMu
 	// reads the next request, lets go of rdMu and serves the request itself, so that a request
@@ -376,6 +383,15 @@ func (c *conn) check(r *request) (Errno, string) {
 	case cmdWriteZeroes:
 		allowed |= cmdFlagNoHole
 	case cmdWrite, cmdFlush, cmdTrim, cmdCache:
+	case cmdBlockStatus:
+		if !c.blockStatus {
+			// proto.md "Metadata querying": servers SHOULD answer EINVAL.
+			return EINVAL, "NBD_CMD_BLOCK_STATUS without a metadata context selected"
+		}
+		allowed |= cmdFlagReqOne
+		if r.length == 0 {
+			return EINVAL, "NBD_CMD_BLOCK_STATUS of zero bytes"
+		}
 	default:
 		return EINVAL, "unknown or unsupported command"
 	}
@@ -403,8 +419,9 @@ func (c *conn) check(r *request) (Errno, string) {
 		}
 		return EINVAL, "request beyond the end of the export"
 	}
-	// TRIM is a hint and is rounded inwards to whole blocks instead (proto.md "NBD_CMD_TRIM").
-	if r.typ != cmdTrim {
+	// TRIM is a hint and is rounded inwards to whole blocks instead (proto.md "NBD_CMD_TRIM");
+	// BLOCK_STATUS asks about a range and is widened to whole blocks for the Device.
+	if r.typ != cmdTrim && r.typ != cmdBlockStatus {
 		bs := uint64(c.bs)
 		if r.off%bs != 0 || uint64(r.length)%bs != 0 {
 			return EINVAL, "request not aligned to the minimum block size"
@@ -727,6 +744,8 @@ func (c *conn) serve(r *request) {
 			}
 		case cmdCache:
 			// A hint; nothing to prefetch into (proto.md "NBD_CMD_CACHE" allows a no-op).
+		case cmdBlockStatus:
+			err = c.blockStatusReply(r)
 		}
 		if err != nil {
 			e = ErrnoOf(err)
@@ -751,6 +770,8 @@ func (c *conn) reply(r *request, e Errno, cause error) {
 func (c *conn) replyMsg(r *request, e Errno, cause error) {
 	var msg []byte
 	switch {
+	case r.typ == cmdBlockStatus && e == 0:
+		msg = r.scratch[:r.bsLen] // encoded by blockStatusReply
 	case c.structured && r.typ == cmdRead && e == 0 && r.length > 0:
 		// One NBD_REPLY_TYPE_OFFSET_DATA chunk marked done: the data is all read already, so
 		// no error can follow it.
@@ -784,6 +805,64 @@ func (c *conn) replyMsg(r *request, e Errno, cause error) {
 		putSimpleReply(msg, e, r.handle)
 	}
 	r.out = msg
+}
+
+// blockStatusReply encodes the NBD_REPLY_TYPE_BLOCK_STATUS chunk answering r into r.scratch
+// (proto.md "NBD_REPLY_TYPE_BLOCK_STATUS"): the base:allocation context ID, then one
+// descriptor per extent, together covering at most the request. Without a BlockStatuser the
+// whole range is one allocated data extent (flags 0), with no allocation.
+func (c *conn) blockStatusReply(r *request) error {
+	b := r.scratch[:]
+	binary.BigEndian.PutUint32(b[structuredHdrLen:], metaAllocationID)
+	n := 0 // descriptors
+	put := func(length uint32, flags uint32) {
+		d := b[blockStatusHdrLen+n*extentDescLen:]
+		binary.BigEndian.PutUint32(d[0:], length)
+		binary.BigEndian.PutUint32(d[4:], flags)
+		n++
+	}
+	if c.bsDev == nil {
+		put(r.length, 0)
+	} else {
+		// check kept [off, off+length) inside the export, whose size is a multiple of the
+		// block size: the widened range is inside too.
+		off, end := int64(r.off), int64(r.off)+int64(r.length)
+		lo := off / c.bs * c.bs
+		hi := (end + c.bs - 1) / c.bs * c.bs
+		exts, err := c.bsDev.BlockStatus(c.ctx, lo, hi-lo)
+		if err != nil {
+			return err
+		}
+		limit := maxExtents
+		if r.flags&cmdFlagReqOne != 0 {
+			limit = 1
+		}
+		pos := lo
+		for _, x := range exts {
+			if x.Length <= 0 || n == limit || pos >= end {
+				break
+			}
+			s, t := max(pos, off), min(pos+x.Length, end)
+			pos += x.Length
+			if t <= s {
+				continue // wholly before off (the widening)
+			}
+			var flags uint32
+			if x.Hole {
+				flags |= stateHole
+			}
+			if x.Zero {
+				flags |= stateZero
+			}
+			put(uint32(t-s), flags)
+		}
+		if n == 0 {
+			return fmt.Errorf("nbd: device reported no extent at offset %d: %w", off, EIO)
+		}
+	}
+	r.bsLen = blockStatusHdrLen + n*extentDescLen
+	putChunkHeader(b, replyFlagDone, replyTypeBlockStatus, r.handle, uint32(r.bsLen-structuredHdrLen))
+	return nil
 }
 
 func putSimpleReply(b []byte, e Errno, handle uint64) {

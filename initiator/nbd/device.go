@@ -69,3 +69,23 @@ type AsyncDevice interface {
 	// AsyncError maps an error given to done to what ReadAt or WriteAt would have returned.
 	AsyncError(err error, write bool) error
 }
+
+// Extent is a run of bytes with one allocation status, as NBD_CMD_BLOCK_STATUS reports it in
+// the base:allocation metadata context (proto.md "Metadata contexts").
+type Extent struct {
+	Length int64 // bytes, > 0 (a multiple of BlockSize() except where it ends the request)
+	Hole   bool  // not allocated (NBD_STATE_HOLE): a write there may fail with ENOSPC
+	Zero   bool  // reads as zeroes (NBD_STATE_ZERO)
+}
+
+// BlockStatuser may be implemented by a Device that knows which of its blocks are allocated
+// (for the initiator: SCSI GET LBA STATUS). Without it every export reports one extent,
+// allocated data, over whatever range is asked for.
+//
+// BlockStatus describes the consecutive extents from off on; off and length are multiples of
+// BlockSize() and inside the export. It may describe less than length (at least one extent);
+// what lies beyond off+length is cut off, and the server sends at most maxExtents (32)
+// descriptors, one with NBD_CMD_FLAG_REQ_ONE. The returned slice is not retained.
+type BlockStatuser interface {
+	BlockStatus(ctx context.Context, off, length int64) ([]Extent, error)
+}

@@ -130,6 +130,37 @@ func TestExternalNbdinfo(t *testing.T) {
 	})
 }
 
+// TestExternalNbdinfoMap: nbdinfo --map negotiates base:allocation and reads the map: one data
+// extent over the whole export (the initiator's devices have no allocation map yet).
+func TestExternalNbdinfoMap(t *testing.T) {
+	needTools(t, "nbdinfo")
+	const size = 64 << 20
+	ts := startServer(t, Config{}, map[string]Device{"disk": newRAM(size, 512)})
+	for transport, uri := range ts.uris("disk") {
+		t.Run(transport, func(t *testing.T) {
+			out, _ := run(t, false, "nbdinfo", "--map", "--json", uri)
+			var extents []struct {
+				Offset      int64  `json:"offset"`
+				Length      int64  `json:"length"`
+				Type        int    `json:"type"`
+				Description string `json:"description"`
+			}
+			if err := json.Unmarshal([]byte(out), &extents); err != nil {
+				t.Fatalf("nbdinfo --map output: %v\n%s", err, out)
+			}
+			if len(extents) != 1 || extents[0].Offset != 0 || extents[0].Length != size ||
+				extents[0].Type != 0 || extents[0].Description != "data" {
+				t.Fatalf("nbdinfo --map: %s", out)
+			}
+			// --totals agrees: all of it is data.
+			out, _ = run(t, false, "nbdinfo", "--map", "--totals", uri)
+			if !strings.Contains(out, "100.0%") || !strings.Contains(out, "data") {
+				t.Fatalf("nbdinfo --map --totals: %s", out)
+			}
+		})
+	}
+}
+
 func TestExternalNbdcopy(t *testing.T) {
 	needTools(t, "nbdcopy")
 	const size = 64 << 20

@@ -137,6 +137,9 @@ func FuzzHandshake(f *testing.F) {
 	f.Add(cat(clientFlags(0), opt(optExportName, []byte("a"))))
 	f.Add(cat(fl, opt(optStartTLS, nil), opt(99, []byte("xyz")), opt(optSetMetaContext, []byte{0, 0, 0, 1, 'a', 0, 0, 0, 0})))
 	f.Add(cat(fl, opt(optInfo, []byte{0, 0, 0, 200, 'a'})))
+	f.Add(cat(fl, opt(optListMetaContext, metaData("a")), opt(optStructuredReply, nil), opt(optListMetaContext, metaData("ro", "base:", "x:y")),
+		opt(optSetMetaContext, metaData("a", metaBaseAllocation)), opt(optGo, infoData("a")), encodeRequest(cmdBlockStatus, cmdFlagReqOne, 1, 0, 4096, nil)))
+	f.Add(cat(fl, opt(optStructuredReply, nil), opt(optSetMetaContext, []byte{0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff}), opt(optSetMetaContext, metaData("nope", "base:"))))
 	f.Add(cat(fl, opt(optList, []byte{1}), opt(optStructuredReply, []byte{1})))
 	f.Add(cat(clientFlags(0xffffffff)))
 	f.Add([]byte{})
@@ -164,6 +167,7 @@ func FuzzRequests(f *testing.F) {
 		f.Add(cat([]byte{sel}, encodeRequest(cmdWrite, 0, 11, 0, 100<<10, make([]byte, 100<<10)), encodeRequest(cmdDisc, 0, 12, 0, 0, nil)))
 		f.Add(cat([]byte{sel}, encodeRequest(cmdWrite, 0, 13, 0, 8192, make([]byte, 100))))
 		f.Add(cat([]byte{sel}, []byte{0x25, 0x60, 0x95, 0x14, 0, 0}))
+		f.Add(cat([]byte{sel}, encodeRequest(cmdBlockStatus, 0, 14, 100, 1000, nil), encodeRequest(cmdBlockStatus, cmdFlagReqOne, 15, 0, 0, nil)))
 	}
 	f.Fuzz(func(t *testing.T, input []byte) {
 		if len(input) == 0 {
@@ -177,7 +181,8 @@ func FuzzRequests(f *testing.F) {
 		hs := clientFlags(clientFlagFixedNewstyle | clientFlagNoZeroes)
 		structured := sel != 0
 		if structured {
-			hs = cat(hs, opt(optStructuredReply, nil))
+			// base:allocation too, so that NBD_CMD_BLOCK_STATUS is served.
+			hs = cat(hs, opt(optStructuredReply, nil), opt(optSetMetaContext, metaData(export, metaBaseAllocation)))
 		}
 		hs = cat(hs, opt(optGo, infoData(export, infoBlockSize)))
 		sharedFuzzServer(t)
@@ -263,6 +268,15 @@ func checkReplyStream(out []byte) error {
 			case replyTypeError:
 				if n < 6 || int(binary.BigEndian.Uint16(p[4:])) != n-6 || !Errno(binary.BigEndian.Uint32(p)).known() {
 					return fmt.Errorf("bad error chunk % x", p)
+				}
+			case replyTypeBlockStatus:
+				if n < 12 || (n-4)%8 != 0 || binary.BigEndian.Uint32(p) != metaAllocationID {
+					return fmt.Errorf("bad block status chunk % x", p)
+				}
+				for d := p[4:]; len(d) > 0; d = d[8:] {
+					if binary.BigEndian.Uint32(d) == 0 || binary.BigEndian.Uint32(d[4:])&^(stateHole|stateZero) != 0 {
+						return fmt.Errorf("bad block descriptor % x", d[:8])
+					}
 				}
 			default:
 				return fmt.Errorf("chunk type %d", typ)

@@ -154,9 +154,100 @@ func (c *conn) option(opt uint32, data []byte) (*export, error) {
 		}
 		c.structured = true
 		return nil, c.optReply(opt, repAck, nil)
+
+	case optListMetaContext, optSetMetaContext:
+		return nil, c.metaContext(opt, data)
 	}
-	// Everything else, including the meta context options (no NBD_CMD_BLOCK_STATUS here).
 	return nil, c.optReply(opt, repErrUnsup, []byte("option not supported"))
+}
+
+// metaContext handles NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT (proto.md
+// "NBD_OPT_LIST_META_CONTEXT (9)", "NBD_OPT_SET_META_CONTEXT (10)"). The only context is
+// base:allocation. LIST matches it with no query, "base:" or its name; SET selects it only by
+// its name, for the export named, and replaces whatever an earlier SET selected.
+func (c *conn) metaContext(opt uint32, data []byte) error {
+	set := opt == optSetMetaContext
+	if set {
+		// Even a SET that fails replaces the selection (the client cannot rely on the old one).
+		c.metaExp = nil
+		if !c.structured {
+			return c.optReply(opt, repErrInvalid, []byte("NBD_OPT_SET_META_CONTEXT needs structured replies first"))
+		}
+	}
+	name, queries, msg := parseMetaQueries(data)
+	if msg != "" {
+		return c.optReply(opt, repErrInvalid, []byte(msg))
+	}
+	e := c.srv.lookup(string(name))
+	if e == nil {
+		return c.optReply(opt, repErrUnknown, []byte("no such export"))
+	}
+	match := false
+	if !set && len(queries) == 0 {
+		match = true // an empty LIST asks for every context
+	}
+	for _, q := range queries {
+		switch string(q) {
+		case metaBaseAllocation:
+			match = true
+		case metaBaseNamespace:
+			match = match || !set
+		}
+	}
+	if match {
+		id := uint32(0) // reserved in LIST replies
+		if set {
+			id = metaAllocationID
+			c.metaExp = e
+		}
+		b := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(metaBaseAllocation)), id)
+		if err := c.optReply(opt, repMetaContext, append(b, metaBaseAllocation...)); err != nil {
+			return err
+		}
+	}
+	return c.optReply(opt, repAck, nil)
+}
+
+// parseMetaQueries splits the data of a meta context option: export name length(4), name,
+// number of queries(4), then each query's length(4) and string. msg says what is wrong.
+func parseMetaQueries(data []byte) (name []byte, queries [][]byte, msg string) {
+	str := func() ([]byte, bool) {
+		if len(data) < 4 {
+			return nil, false
+		}
+		n := binary.BigEndian.Uint32(data)
+		if n > maxStringLen || uint64(n) > uint64(len(data)-4) {
+			return nil, false
+		}
+		s := data[4 : 4+n]
+		data = data[4+n:]
+		return s, true
+	}
+	name, ok := str()
+	if !ok {
+		return nil, nil, "bad export name"
+	}
+	if len(data) < 4 {
+		return nil, nil, "option data too short"
+	}
+	nq := binary.BigEndian.Uint32(data)
+	data = data[4:]
+	// Each query takes at least 4 bytes: a count beyond that is a lie (and no allocation).
+	if uint64(nq) > uint64(len(data)/4) {
+		return nil, nil, "number of queries exceeds the option data"
+	}
+	queries = make([][]byte, 0, nq)
+	for i := uint32(0); i < nq; i++ {
+		q, ok := str()
+		if !ok {
+			return nil, nil, "bad query string"
+		}
+		queries = append(queries, q)
+	}
+	if len(data) != 0 {
+		return nil, nil, "trailing bytes after the queries"
+	}
+	return name, queries, ""
 }
 
 // infoGo handles NBD_OPT_INFO and NBD_OPT_GO (proto.md "NBD_OPT_INFO (6) and NBD_OPT_GO (7)").
@@ -274,6 +365,10 @@ func (c *conn) start(e *export) error {
 	c.bs = int64(e.dev.BlockSize())
 	c.readOnly = c.tflags&tflagReadOnly != 0
 	c.canTrim = c.tflags&tflagSendTrim != 0
+	// base:allocation counts only for the export it was set for (proto.md: contexts are
+	// per export; a GO to another export leaves none selected).
+	c.blockStatus = c.metaExp == e
+	c.bsDev, _ = e.dev.(BlockStatuser)
 	c.since = time.Now()
 	if !e.attach(c) {
 		c.exp, c.dev = nil, nil

@@ -233,7 +233,7 @@ func TestHandshake(t *testing.T) {
 		}},
 		{"unknown and unsupported options", func(t *testing.T, c *client) {
 			c.hello(clientFlagFixedNewstyle)
-			for _, opt := range []uint32{4, optListMetaContext, optSetMetaContext, 11, 99, 1 << 31} {
+			for _, opt := range []uint32{4, 11, 99, 1 << 31} {
 				c.sendOpt(opt, []byte("some data"))
 				r := c.readOptReply()
 				if r.opt != opt || r.typ != repErrUnsup {

@@ -49,8 +49,8 @@ const (
 	optInfo            uint32 = 6  // NBD_OPT_INFO
 	optGo              uint32 = 7  // NBD_OPT_GO
 	optStructuredReply uint32 = 8  // NBD_OPT_STRUCTURED_REPLY
-	optListMetaContext uint32 = 9  // NBD_OPT_LIST_META_CONTEXT (unsupported: no block status)
-	optSetMetaContext  uint32 = 10 // NBD_OPT_SET_META_CONTEXT (unsupported: no block status)
+	optListMetaContext uint32 = 9  // NBD_OPT_LIST_META_CONTEXT
+	optSetMetaContext  uint32 = 10 // NBD_OPT_SET_META_CONTEXT
 )
 
 // Option reply types (proto.md "Option reply types"). Errors have bit 31 set.
@@ -58,6 +58,7 @@ const (
 	repAck         uint32 = 1         // NBD_REP_ACK
 	repServer      uint32 = 2         // NBD_REP_SERVER
 	repInfo        uint32 = 3         // NBD_REP_INFO
+	repMetaContext uint32 = 4         // NBD_REP_META_CONTEXT: context ID(4), name
 	repErrUnsup    uint32 = 1<<31 + 1 // NBD_REP_ERR_UNSUP
 	repErrPolicy   uint32 = 1<<31 + 2 // NBD_REP_ERR_POLICY
 	repErrInvalid  uint32 = 1<<31 + 3 // NBD_REP_ERR_INVALID
@@ -101,7 +102,7 @@ const (
 	cmdTrim        uint16 = 4 // NBD_CMD_TRIM
 	cmdCache       uint16 = 5 // NBD_CMD_CACHE
 	cmdWriteZeroes uint16 = 6 // NBD_CMD_WRITE_ZEROES
-	cmdBlockStatus uint16 = 7 // NBD_CMD_BLOCK_STATUS (not negotiable here: always EINVAL)
+	cmdBlockStatus uint16 = 7 // NBD_CMD_BLOCK_STATUS (EINVAL unless base:allocation was set)
 )
 
 // Command flags (proto.md "Command flags").
@@ -119,8 +120,28 @@ const (
 	replyFlagDone        uint16 = 1 << 0    // NBD_REPLY_FLAG_DONE
 	replyTypeNone        uint16 = 0         // NBD_REPLY_TYPE_NONE
 	replyTypeOffsetData  uint16 = 1         // NBD_REPLY_TYPE_OFFSET_DATA
+	replyTypeBlockStatus uint16 = 5         // NBD_REPLY_TYPE_BLOCK_STATUS: context ID(4), descriptors
 	replyTypeError       uint16 = 1<<15 + 1 // NBD_REPLY_TYPE_ERROR
 	replyTypeErrorOffset uint16 = 1<<15 + 2 // NBD_REPLY_TYPE_ERROR_OFFSET (not sent)
+)
+
+// Metadata contexts (proto.md "Metadata querying", "Metadata contexts"). base:allocation is the
+// only one served.
+const (
+	metaBaseAllocation = "base:allocation"
+	metaBaseNamespace  = "base:"
+	// metaAllocationID is the context ID NBD_OPT_SET_META_CONTEXT gives base:allocation; any
+	// value is allowed, NBD_OPT_LIST_META_CONTEXT replies carry 0 (proto.md: reserved).
+	metaAllocationID uint32 = 1
+	stateHole        uint32 = 1 << 0 // NBD_STATE_HOLE
+	stateZero        uint32 = 1 << 1 // NBD_STATE_ZERO
+	// blockStatusHdrLen is a NBD_REPLY_TYPE_BLOCK_STATUS chunk before its descriptors.
+	blockStatusHdrLen = structuredHdrLen + 4
+	// extentDescLen is one block descriptor: length(4) status flags(4).
+	extentDescLen = 8
+	// maxExtents is how many descriptors fit a request's scratch reply buffer; proto.md lets
+	// the server answer with fewer descriptors than would cover the request.
+	maxExtents = (errorChunkHdrLen + maxErrorMessage - blockStatusHdrLen) / extentDescLen
 )
 
 // cmdName names a command type for logs and error messages.

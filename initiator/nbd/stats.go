@@ -17,6 +17,7 @@ type Counters struct {
 	Trims        uint64
 	WriteZeroes  uint64
 	Caches       uint64
+	BlockStatus  uint64 // NBD_CMD_BLOCK_STATUS
 	Invalid      uint64 // unknown commands (answered EINVAL)
 	BytesRead    uint64 // payload bytes sent in successful READ replies
 	BytesWritten uint64 // payload bytes of successful WRITEs
@@ -44,6 +45,7 @@ func (c *Counters) add(o Counters) {
 	c.Trims += o.Trims
 	c.WriteZeroes += o.WriteZeroes
 	c.Caches += o.Caches
+	c.BlockStatus += o.BlockStatus
 	c.Invalid += o.Invalid
 	c.BytesRead += o.BytesRead
 	c.BytesWritten += o.BytesWritten
@@ -58,7 +60,7 @@ func (c *Counters) add(o Counters) {
 type counters struct {
 	requests, reads, writes, flushes, trims, zeroes, caches, invalid   atomic.Uint64
 	bytesRead, bytesWritten, errors, replyWrites, spinReads, readWaits atomic.Uint64
-	stalledClosed                                                      atomic.Uint64
+	stalledClosed, blockStatus                                         atomic.Uint64
 }
 
 func (c *counters) snapshot() Counters {
@@ -70,6 +72,7 @@ func (c *counters) snapshot() Counters {
 		Trims:        c.trims.Load(),
 		WriteZeroes:  c.zeroes.Load(),
 		Caches:       c.caches.Load(),
+		BlockStatus:  c.blockStatus.Load(),
 		Invalid:      c.invalid.Load(),
 		BytesRead:    c.bytesRead.Load(),
 		BytesWritten: c.bytesWritten.Load(),
@@ -104,6 +107,8 @@ func (c *counters) count(typ uint16, e Errno, n int) {
 		c.zeroes.Add(1)
 	case cmdCache:
 		c.caches.Add(1)
+	case cmdBlockStatus:
+		c.blockStatus.Add(1)
 	default:
 		c.invalid.Add(1)
 	}

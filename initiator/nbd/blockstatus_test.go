@@ -3,6 +3,7 @@ package nbd
 import (
 	"context"
 	"encoding/binary"
+	"sync/atomic"
 	"testing"
 )
 
@@ -103,11 +104,11 @@ func TestMetaContextNegotiation(t *testing.T) {
 type extentDevice struct {
 	*ramDevice
 	extents []Extent
-	asked   [2]int64
+	asked   atomic.Pointer[[2]int64] // the last range asked for
 }
 
 func (d *extentDevice) BlockStatus(ctx context.Context, off, length int64) ([]Extent, error) {
-	d.asked = [2]int64{off, length}
+	d.asked.Store(&[2]int64{off, length})
 	var out []Extent
 	pos := int64(0)
 	for _, x := range d.extents {
@@ -202,8 +203,8 @@ func TestBlockStatus(t *testing.T) {
 	t.Run("device asked for whole blocks", func(t *testing.T) {
 		c := blockStatusClient(t, ts, "mapped", true)
 		c.do(cmdBlockStatus, 0, 4196, 100, nil)
-		if mapped.asked != [2]int64{4096, 512} {
-			t.Fatalf("device asked for %v", mapped.asked)
+		if a := mapped.asked.Load(); a == nil || *a != [2]int64{4096, 512} {
+			t.Fatalf("device asked for %v", a)
 		}
 	})
 	t.Run("no context selected", func(t *testing.T) {

@@ -161,6 +161,26 @@ func TestExternalNbdinfoMap(t *testing.T) {
 	}
 }
 
+// TestExternalQemuImgMap: qemu-img map reads the same map through qemu's NBD client.
+func TestExternalQemuImgMap(t *testing.T) {
+	needTools(t, "qemu-img")
+	const size = 16 << 20
+	ts := startServer(t, Config{}, map[string]Device{"disk": newRAM(size, 512)})
+	out, _ := run(t, false, "qemu-img", "map", "--output=json", "-f", "raw", ts.uris("disk")["unix"])
+	var extents []struct {
+		Start  int64 `json:"start"`
+		Length int64 `json:"length"`
+		Data   bool  `json:"data"`
+		Zero   bool  `json:"zero"`
+	}
+	if err := json.Unmarshal([]byte(out), &extents); err != nil {
+		t.Fatalf("qemu-img map output: %v\n%s", err, out)
+	}
+	if len(extents) != 1 || extents[0].Start != 0 || extents[0].Length != size || !extents[0].Data || extents[0].Zero {
+		t.Fatalf("qemu-img map: %s", out)
+	}
+}
+
 func TestExternalNbdcopy(t *testing.T) {
 	needTools(t, "nbdcopy")
 	const size = 64 << 20

@@ -486,10 +486,10 @@ logging:
 		t.Fatalf("srpd -c bad.yaml: exit %d, want 1\n%s", code, out)
 	}
 	for _, want := range []string{
-		bad + ":5: transports[0].udp_port: ",
-		bad + ":8: targets[0].port_id: ",
-		bad + ":10: targets[0].luns[0].size: the ram backend needs a size",
-		bad + ":12: targets[0].colour: ",
+		bad + `:5: transport "lo": udp_port: `,
+		bad + `:8: target "t": port_id: `,
+		bad + `:10: target "t" LUN 0: size: the ram backend needs a size`,
+		bad + `:12: target "t": colour: `,
 		bad + `:14: logging.format: "xml" must be auto, json or console`,
 	} {
 		if !strings.Contains(out, want) {

@@ -1,6 +1,7 @@
 package ctlapi
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -84,8 +85,11 @@ var codeSentinels = []struct {
 
 // Detail is one located problem of an invalid request body (a config validation error).
 type Detail struct {
-	Path    string `json:"path,omitempty"`
-	Message string `json:"message"`
+	Path string `json:"path,omitempty"`
+	// Location is Path as an operator reads it, by object name where the object has one
+	// (target "storage" LUN 3: size); what srpctl prints.
+	Location string `json:"location,omitempty"`
+	Message  string `json:"message"`
 }
 
 // ErrorBody is the JSON body of every error response.
@@ -114,10 +118,14 @@ func (e *APIError) Error() string {
 	if e.Message == "" {
 		fmt.Fprintf(&b, "%s (HTTP %d)", e.Code, e.StatusCode)
 	}
-	for _, d := range e.Details {
+	details := e.Details
+	if len(details) == 1 && strings.Contains(e.Message, cmp.Or(details[0].Location, details[0].Path)+": ") {
+		details = nil // the message is that one problem already: print it once
+	}
+	for _, d := range details {
 		b.WriteString("\n  ")
-		if d.Path != "" {
-			b.WriteString(d.Path)
+		if loc := cmp.Or(d.Location, d.Path); loc != "" {
+			b.WriteString(loc)
 			b.WriteString(": ")
 		}
 		b.WriteString(d.Message)
@@ -154,7 +162,7 @@ func errorInfo(err error) APIErrorInfo {
 			if e.Line > 0 {
 				msg = fmt.Sprintf("%s (%s:%d)", e.Msg, e.File, e.Line)
 			}
-			info.Details = append(info.Details, Detail{Path: e.Path, Message: msg})
+			info.Details = append(info.Details, Detail{Path: e.Path, Location: e.Location(), Message: msg})
 		}
 	case errors.Is(err, ErrNotFound), errors.Is(err, config.ErrNotFound):
 		info.Code = CodeNotFound

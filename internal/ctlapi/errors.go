@@ -143,6 +143,36 @@ func (e *APIError) Is(target error) bool {
 	return false
 }
 
+// listCode classifies a configuration that failed validation. Problems that are all
+// duplicates of what the running configuration already has (a port ID another target uses, a
+// second session to the same target port) are a conflict with existing state, as
+// ErrAlreadyExists is, not a malformed request; a request body that is invalid on its own
+// (invalidRequest) stays invalid_argument whatever its problems are.
+func listCode(err error, list config.ErrorList) Code {
+	switch {
+	case errors.Is(err, ErrInvalidArgument):
+		return CodeInvalidArgument
+	case errors.Is(err, ErrConflict), errors.Is(err, config.ErrInUse):
+		return CodeConflict
+	case errors.Is(err, ErrAlreadyExists), errors.Is(err, config.ErrExists):
+		return CodeAlreadyExists
+	}
+	for _, e := range list {
+		if !errors.Is(e, config.ErrDuplicate) {
+			return CodeInvalidArgument
+		}
+	}
+	return CodeConflict
+}
+
+// invalidRequest marks a request body that is invalid on its own (checked before any
+// Service call), so that its duplicate problems (a LUN ID listed twice) are not taken for a
+// conflict with the running configuration.
+type invalidRequest struct{ error }
+
+func (e invalidRequest) Unwrap() error        { return e.error }
+func (e invalidRequest) Is(target error) bool { return target == ErrInvalidArgument }
+
 // errorInfo classifies a Service error into the body to send.
 func errorInfo(err error) APIErrorInfo {
 	info := APIErrorInfo{Code: CodeInternal, Message: err.Error()}
@@ -152,7 +182,7 @@ func errorInfo(err error) APIErrorInfo {
 	case errors.As(err, &apiErr): // a Service that proxies another daemon (or a Client)
 		info.Code, info.Details = apiErr.Code, apiErr.Details
 	case errors.As(err, &list):
-		info.Code = CodeInvalidArgument
+		info.Code = listCode(err, list)
 		info.Message, _, _ = strings.Cut(err.Error(), "\n")
 		if len(list) > 1 {
 			info.Message += fmt.Sprintf(" (and %d more problems)", len(list)-1)

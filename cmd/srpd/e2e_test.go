@@ -517,8 +517,9 @@ logging:
 	if err := os.WriteFile(fail, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if code, out := run("-c", fail); code != 1 || !strings.Contains(out, "nope.img") {
-		t.Errorf("start-up failure: exit %d\n%s", code, out)
+	// Said once (logged, not also printed), without a doubled "open: open".
+	if code, out := run("-c", fail); code != 1 || strings.Count(out, "nope.img") != 1 || strings.Contains(out, "open: open") {
+		t.Errorf("start-up failure: exit %d, want 1 and the path said once\n%s", code, out)
 	}
 	if _, err := os.Lstat(filepath.Join(dir, "f.sock")); !os.IsNotExist(err) {
 		t.Errorf("a failed start left its control socket behind (%v)", err)

@@ -524,6 +524,22 @@ logging:
 	if _, err := os.Lstat(filepath.Join(dir, "f.sock")); !os.IsNotExist(err) {
 		t.Errorf("a failed start left its control socket behind (%v)", err)
 	}
+	// A busy metrics port: said once (not again by the shutdown), without "listen tcp" after
+	// our own "listen on".
+	busy, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	metrics := filepath.Join(dir, "metrics.yaml")
+	cfg = minimalConfig(dir, testutil.FreeUDPPort(t), filepath.Join(dir, "m.sock")) + "metrics:\n  listen: " + busy.Addr().String() + "\n"
+	if err := os.WriteFile(metrics, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := "metrics: listen on " + busy.Addr().String() + ": address already in use"
+	if code, out := run("-c", metrics); code != 1 || strings.Count(out, "address already in use") != 1 || !strings.Contains(out, want) {
+		t.Errorf("busy metrics port: exit %d, want 1 and %q once\n%s", code, want, out)
+	}
 }
 
 // TestControlSocket: a leftover socket nobody listens on is replaced; a live one makes a

@@ -138,13 +138,49 @@ type LoginRejectError struct {
 	BufFmt     srp.BufFormats         // SUPPORTED BUFFER FORMATS of the SRP_LOGIN_REJ
 	CMReason   transport.RejectReason // the CM REJ reason
 	ReqITIULen uint32                 // the REQUESTED MAX IT IU LEN of the rejected login
+	// The port identifiers the rejected SRP_LOGIN_REQ carried, for the hint.
+	InitiatorPortID srp.PortID
+	TargetPortID    srp.PortID
 }
 
 func (e *LoginRejectError) Error() string {
+	var msg string
 	if e.Reason != 0 {
-		return fmt.Sprintf("initiator: channel %d login rejected: %v (0x%08x)", e.Channel, e.Reason, uint32(e.Reason))
+		msg = fmt.Sprintf("initiator: channel %d login rejected: %v (0x%08x)", e.Channel, e.Reason, uint32(e.Reason))
+	} else {
+		msg = fmt.Sprintf("initiator: channel %d login rejected by the connection manager: %v", e.Channel, e.CMReason)
 	}
-	return fmt.Sprintf("initiator: channel %d login rejected by the connection manager: %v", e.Channel, e.CMReason)
+	if h := e.Hint(); h != "" {
+		msg += ": " + h
+	}
+	return msg
+}
+
+// Hint is what the target most likely means by the reject, for an operator: SRP_LOGIN_REJ
+// reasons are generic (SRP r16a 6.5), and the targets use them for specific causes.
+// ib_srpt (torvalds/linux:drivers/infiniband/ulp/srpt/ib_srpt.c, srpt_cm_req_recv) and our
+// target (target/login.go) answer a target port ID that is not theirs with UNABLE TO
+// ASSOCIATE, and an initiator port no ACL admits with CHANNEL LIMIT REACHED; a CM REJ
+// without an SRP_LOGIN_REJ is the connection manager's: nobody listens on that port.
+func (e *LoginRejectError) Hint() string {
+	switch e.Reason {
+	case srp.RejChannelLimitReached:
+		return fmt.Sprintf("no ACL for this initiator port ID on the target (initiator port %v), or the target's channel limit for it is reached", e.InitiatorPortID)
+	case srp.RejUnableAssociateChannel:
+		return fmt.Sprintf("wrong target port ID (%v is not the target's)", e.TargetPortID)
+	case srp.RejITIULenTooLarge:
+		return fmt.Sprintf("the target accepts IUs shorter than %d bytes only", e.ReqITIULen)
+	case srp.RejUnsupportedDescFormat:
+		return "the target supports none of the buffer descriptor formats offered"
+	case srp.RejInsufficientResources:
+		return "the target is out of resources or shutting down; it may accept a later login"
+	case 0:
+		switch e.CMReason {
+		case transport.RejectInvalidServiceID, transport.RejectConsumerDefined, transport.RejectTimeout:
+			return "nothing listens on that CM port (check port and target)"
+		}
+	}
+	return ""
 }
 
 // Is makes errors.Is(err, ErrLoginRejected) true.

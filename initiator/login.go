@@ -117,9 +117,14 @@ func (s *Session) login(ctx context.Context, c *channel, multi bool) error {
 			_ = qp.Close()
 			var rej *transport.RejectError
 			if !errors.As(err, &rej) {
+				if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+					// No REP and no REJ within ConnectTimeout: no CM answered at all.
+					return fmt.Errorf("initiator: channel %d: connecting: %w (nothing answers on that CM port: check port and target)", c.idx, err)
+				}
 				return fmt.Errorf("initiator: channel %d: connecting: %w", c.idx, err)
 			}
-			lre := &LoginRejectError{Channel: c.idx, CMReason: rej.Reason, ReqITIULen: lp.itIULen}
+			lre := &LoginRejectError{Channel: c.idx, CMReason: rej.Reason, ReqITIULen: lp.itIULen,
+				InitiatorPortID: req.InitiatorPortID, TargetPortID: req.TargetPortID}
 			if lr, perr := srp.ParseLoginRej(rej.PrivateData); perr == nil {
 				lre.Reason, lre.BufFmt = lr.Reason(), lr.BufFmt()
 			}

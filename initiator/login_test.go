@@ -3,6 +3,7 @@ package initiator
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +32,15 @@ func TestLoginRejects(t *testing.T) {
 		if !errors.As(err, &lre) || lre.Reason != reason || !errors.Is(err, ErrLoginRejected) ||
 			lre.CMReason != transport.RejectConsumerDefined || lre.Channel != 0 {
 			t.Errorf("reason %v: got %v (%#v)", reason, err, lre)
+			continue
+		}
+		// The hints name what the target most likely means.
+		if want := map[srp.RejectReason]string{
+			srp.RejChannelLimitReached:    "no ACL for this initiator port ID on the target (initiator port " + lre.InitiatorPortID.String() + ")",
+			srp.RejUnableAssociateChannel: "wrong target port ID (" + cfg.TargetPortID.String() + " is not the target's)",
+			srp.RejITIULenTooLarge:        "the target accepts IUs shorter than 64 bytes only",
+		}[reason]; want != "" && (lre.InitiatorPortID == (srp.PortID{}) || !strings.Contains(err.Error(), want)) {
+			t.Errorf("reason %v: %q does not say %q", reason, err, want)
 		}
 	}
 	e.tgt.cfg.reject = 0
@@ -42,8 +52,16 @@ func TestLoginRejects(t *testing.T) {
 	}}
 	_, err := Dial(ctxT(t, 10*time.Second), cfg)
 	var lre *LoginRejectError
-	if !errors.As(err, &lre) || lre.Reason != 0 || lre.CMReason != transport.RejectInvalidServiceID {
+	if !errors.As(err, &lre) || lre.Reason != 0 || lre.CMReason != transport.RejectInvalidServiceID ||
+		!strings.HasSuffix(err.Error(), ": nothing listens on that CM port (check port and target)") {
 		t.Errorf("CM reject: %v", err)
+	}
+	// Neither REP nor REJ within the connect timeout: no CM answered.
+	cfg.Dialer = &testDialer{local: e.ini.Addrs()[0], timeout: 14, accept: func(acceptReq) (acceptRep, error) {
+		return acceptRep{}, context.DeadlineExceeded
+	}}
+	if _, err := Dial(ctxT(t, 10*time.Second), cfg); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "nothing answers on that CM port") {
+		t.Errorf("no answer: %v", err)
 	}
 
 	// Unreachable target: a plain connection error, not a reject.
@@ -57,7 +75,8 @@ func TestLoginRejects(t *testing.T) {
 	// Wrong target port: 0x00010003 from the target's own check.
 	cfg = e.config()
 	cfg.TargetPortID = srp.MakePortID(1, 2)
-	if _, err := Dial(ctxT(t, 10*time.Second), cfg); !errors.As(err, &lre) || lre.Reason != srp.RejUnableAssociateChannel {
+	if _, err := Dial(ctxT(t, 10*time.Second), cfg); !errors.As(err, &lre) || lre.Reason != srp.RejUnableAssociateChannel ||
+		!strings.Contains(err.Error(), "wrong target port ID ("+cfg.TargetPortID.String()+" is not the target's)") {
 		t.Errorf("wrong target port: %v", err)
 	}
 }

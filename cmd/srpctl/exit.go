@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/ctlapi"
 )
 
@@ -62,7 +63,8 @@ func exitCode(err error) int {
 		return exitPermission
 	case errors.Is(err, ctlapi.ErrNotFound), errors.Is(err, errNotFound):
 		return exitNotFound
-	case errors.Is(err, ctlapi.ErrAlreadyExists), errors.Is(err, ctlapi.ErrConflict), errors.Is(err, errConflict):
+	case errors.Is(err, ctlapi.ErrAlreadyExists), errors.Is(err, ctlapi.ErrConflict), errors.Is(err, errConflict),
+		errors.Is(err, config.ErrExists), errors.Is(err, config.ErrInUse):
 		return exitConflict
 	case errors.Is(err, ctlapi.ErrUnsupported), errors.Is(err, errUnsupported):
 		return exitUnsupported

@@ -243,7 +243,7 @@ func TestCreateFromFile(t *testing.T) {
 	}
 	// Standard input, and errors located in the file.
 	code, _, stderr := h.run("name: bad\nport_id: 00000000000000010000000000000008\nluns:\n  - {id: 0, backend: ram}\n", "target", "create", "-f", "-")
-	if code != exitError || !strings.Contains(stderr, "<stdin>:4: luns[0].size: the ram backend needs a size") {
+	if code != exitError || !strings.Contains(stderr, "<stdin>:4: LUN 0: size: the ram backend needs a size") {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	if code, _, stderr := h.run("", "target", "create", "other", "-f", path); code != exitUsage || !strings.Contains(stderr, "differs") {
@@ -415,7 +415,7 @@ func TestConfigValidate(t *testing.T) {
 	bad := "transports:\n  - name: lo\n    address: 127.0.0.1\n    colour: blue\nlogging:\n  level: loud\n"
 	code, _, stderr := h.run(bad, "config", "validate", "-")
 	if code != exitError || !strings.Contains(stderr, "<stdin> is not valid (2 problems)") ||
-		!strings.Contains(stderr, "<stdin>:4: transports[0].colour: unknown field") || !strings.Contains(stderr, `<stdin>:6: logging.level: "loud"`) {
+		!strings.Contains(stderr, `<stdin>:4: transport "lo": colour: unknown field`) || !strings.Contains(stderr, `<stdin>:6: logging.level: "loud"`) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	code, stdout, stderr = h.run(bad, "-o", "json", "config", "validate", "-")
@@ -449,6 +449,9 @@ func TestExitCodeMapping(t *testing.T) {
 		{&ctlapi.APIError{Code: ctlapi.CodeConflict}, 6},
 		{&ctlapi.APIError{Code: ctlapi.CodeUnsupported}, 7},
 		{&ctlapi.APIError{Code: ctlapi.CodeInvalidArgument}, 1},
+		{fmt.Errorf("target %q: %w", "a", config.ErrExists), 6},
+		{fmt.Errorf("LUN 0 is listed by an ACL: %w", config.ErrInUse), 6},
+		{fmt.Errorf("target busy: %w", ctlapi.ErrConflict), 6},
 		{netlinkError("x", syscall.EPROTONOSUPPORT), 7},
 		{netlinkError("x", syscall.EACCES), 4},
 		{netlinkError("x", syscall.ENODEV), 5},

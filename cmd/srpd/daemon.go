@@ -202,7 +202,7 @@ func daemonMain(args []string, stdout, stderr io.Writer, lookup func(string) (st
 		if errors.Is(err, daemon.ErrSocketInUse) {
 			notifyErr(n.Errno(unix.EADDRINUSE))
 		}
-		fmt.Fprintf(stderr, "srpd: %v\n", err)
+		// The logger writes to stderr already: printing err again would show it twice.
 		return exitFailed
 	}
 	status := d.StatusLine()

@@ -486,10 +486,10 @@ logging:
 		t.Fatalf("srpd -c bad.yaml: exit %d, want 1\n%s", code, out)
 	}
 	for _, want := range []string{
-		bad + ":5: transports[0].udp_port: ",
-		bad + ":8: targets[0].port_id: ",
-		bad + ":10: targets[0].luns[0].size: the ram backend needs a size",
-		bad + ":12: targets[0].colour: ",
+		bad + `:5: transport "lo": udp_port: `,
+		bad + `:8: target "t": port_id: `,
+		bad + `:10: target "t" LUN 0: size: the ram backend needs a size`,
+		bad + `:12: target "t": colour: `,
 		bad + `:14: logging.format: "xml" must be auto, json or console`,
 	} {
 		if !strings.Contains(out, want) {
@@ -517,11 +517,28 @@ logging:
 	if err := os.WriteFile(fail, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if code, out := run("-c", fail); code != 1 || !strings.Contains(out, "nope.img") {
-		t.Errorf("start-up failure: exit %d\n%s", code, out)
+	// Said once (logged, not also printed), without a doubled "open: open".
+	if code, out := run("-c", fail); code != 1 || strings.Count(out, "nope.img") != 1 || strings.Contains(out, "open: open") {
+		t.Errorf("start-up failure: exit %d, want 1 and the path said once\n%s", code, out)
 	}
 	if _, err := os.Lstat(filepath.Join(dir, "f.sock")); !os.IsNotExist(err) {
 		t.Errorf("a failed start left its control socket behind (%v)", err)
+	}
+	// A busy metrics port: said once (not again by the shutdown), without "listen tcp" after
+	// our own "listen on".
+	busy, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	metrics := filepath.Join(dir, "metrics.yaml")
+	cfg = minimalConfig(dir, testutil.FreeUDPPort(t), filepath.Join(dir, "m.sock")) + "metrics:\n  listen: " + busy.Addr().String() + "\n"
+	if err := os.WriteFile(metrics, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := "metrics: listen on " + busy.Addr().String() + ": address already in use"
+	if code, out := run("-c", metrics); code != 1 || strings.Count(out, "address already in use") != 1 || !strings.Contains(out, want) {
+		t.Errorf("busy metrics port: exit %d, want 1 and %q once\n%s", code, want, out)
 	}
 }
 

@@ -172,57 +172,57 @@ func TestParseErrors(t *testing.T) {
 		{"root not a mapping", "- a\n- b\n", []string{"test.yaml:1: the configuration must be a mapping"}, ErrType},
 		{"unknown top-level", "verison: 1\n", []string{`test.yaml:1: verison: unknown field (did you mean "version"?)`}, ErrUnknownField},
 		{"unknown nested", minimal + "    limits:\n      queue_dept: 4\n",
-			[]string{`test.yaml:15: targets[0].limits.queue_dept: unknown field (did you mean "queue_depth"?)`}, ErrUnknownField},
+			[]string{`test.yaml:15: target "t": limits.queue_dept: unknown field (did you mean "queue_depth"?)`}, ErrUnknownField},
 		{"unknown far off", "control:\n  flavour: x\n", []string{"control.flavour: unknown field (valid: socket, mode, group)"}, ErrUnknownField},
 		{"duplicate key", "logging:\n  level: info\n  level: debug\n", []string{"test.yaml:3: logging.level: duplicate key (first at line 2)"}, ErrDuplicate},
 		{"wrong kind list", "targets:\n  name: t\n", []string{"test.yaml:2: targets: must be a list, not a mapping"}, ErrType},
-		{"wrong kind int", minimal + "    cm_port: high\n", []string{`test.yaml:14: targets[0].cm_port: must be an integer, not "high"`}, ErrType},
-		{"wrong kind bool", minimal + "    limits:\n      immediate_data: yes\n", []string{`targets[0].limits.immediate_data: must be true or false, not "yes"`}, ErrType},
-		{"bad size unit", strings.Replace(minimal, "64MiB", "64XB", 1), []string{`test.yaml:11: targets[0].luns[0].size: invalid size "64XB": unknown unit`}, ErrInvalid},
+		{"wrong kind int", minimal + "    cm_port: high\n", []string{`test.yaml:14: target "t": cm_port: must be an integer, not "high"`}, ErrType},
+		{"wrong kind bool", minimal + "    limits:\n      immediate_data: yes\n", []string{`target "t": limits.immediate_data: must be true or false, not "yes"`}, ErrType},
+		{"bad size unit", strings.Replace(minimal, "64MiB", "64XB", 1), []string{`test.yaml:11: target "t" LUN 0: size: invalid size "64XB": unknown unit`}, ErrInvalid},
 		{"size not multiple", strings.Replace(minimal, "size: 64MiB", "size: 65000\n        block_size: 4096", 1),
-			[]string{"test.yaml:11: targets[0].luns[0].size: 65000 must be a multiple of the block size (4096)"}, ErrInvalid},
+			[]string{"test.yaml:11: target \"t\" LUN 0: size: 65000 must be a multiple of the block size (4096)"}, ErrInvalid},
 		{"bad block size", strings.Replace(minimal, "size: 64MiB", "size: 64MiB\n        block_size: 1024", 1),
-			[]string{"test.yaml:12: targets[0].luns[0].block_size: 1024 must be 512 or 4096"}, ErrInvalid},
+			[]string{"test.yaml:12: target \"t\" LUN 0: block_size: 1024 must be 512 or 4096"}, ErrInvalid},
 		{"ram without size", strings.Replace(minimal, "        size: 64MiB\n", "", 1),
-			[]string{"test.yaml:9: targets[0].luns[0].size: the ram backend needs a size"}, ErrMissing},
+			[]string{"test.yaml:9: target \"t\" LUN 0: size: the ram backend needs a size"}, ErrMissing},
 		{"missing port id", strings.Replace(minimal, "    port_id: 0x00000000000000010000000000000001\n", "", 1),
-			[]string{"test.yaml:6: targets[0].port_id: required"}, ErrMissing},
+			[]string{"test.yaml:6: target \"t\": port_id: required"}, ErrMissing},
 		{"bad port id", strings.Replace(minimal, "0x00000000000000010000000000000001", "0x1234", 1),
-			[]string{`test.yaml:7: targets[0].port_id: invalid port id "0x1234"`}, ErrInvalid},
+			[]string{`test.yaml:7: target "t": port_id: invalid port id "0x1234"`}, ErrInvalid},
 		{"undefined transport", strings.Replace(minimal, "  - name: t\n", "  - name: t\n    transport: eth9\n", 1),
-			[]string{`test.yaml:7: targets[0].transport: transport "eth9" is not defined`}, ErrReference},
+			[]string{`test.yaml:7: target "t": transport: transport "eth9" is not defined`}, ErrReference},
 		{"acl names missing LUN", minimal + "        luns: [0, 3]\n",
-			[]string{"test.yaml:14: targets[0].acls[0].luns[1]: LUN 3 is not defined in this target"}, ErrReference},
+			[]string{"test.yaml:14: target \"t\" ACL *: luns[1]: LUN 3 is not defined in this target"}, ErrReference},
 		{"duplicate LUN", strings.Replace(minimal, "    acls:", "      - id: 0\n        backend: ram\n        size: 1MiB\n    acls:", 1),
-			[]string{"test.yaml:12: targets[0].luns[1].id: LUN 0 is already defined by luns[0]"}, ErrDuplicate},
+			[]string{"test.yaml:12: target \"t\": luns[1].id: LUN 0 is already defined by luns[0]"}, ErrDuplicate},
 		{"duplicate target", minimal + "  - name: t\n    port_id: 0x00000000000000010000000000000002\n",
 			[]string{`test.yaml:14: targets[1].name: target "t" is already defined by targets[0]`}, ErrDuplicate},
 		{"listen outside the transport", minimal + "    listen: [10.1.1.1]\n",
-			[]string{`targets[0].listen[0]: 10.1.1.1 is not an address of transport "lo"`}, ErrInvalid},
-		{"softroce needs an address", "transports:\n  - name: x\n", []string{"test.yaml:2: transports[0].address: the softroce driver needs an address or an interface"}, ErrMissing},
-		{"verbs without the tag", "transports:\n  - name: x\n    driver: verbs:mlx5_0\n", []string{"transports[0].driver: this build of srpd has no verbs support"}, ErrUnsupported},
+			[]string{`target "t": listen[0]: 10.1.1.1 is not an address of transport "lo"`}, ErrInvalid},
+		{"softroce needs an address", "transports:\n  - name: x\n", []string{"test.yaml:2: transport \"x\": address: the softroce driver needs an address or an interface"}, ErrMissing},
+		{"verbs without the tag", "transports:\n  - name: x\n    driver: verbs:mlx5_0\n", []string{"transport \"x\": driver: this build of srpd has no verbs support"}, ErrUnsupported},
 		{"stall action", minimal + "    limits:\n      stall_action: panic\n",
-			[]string{`test.yaml:15: targets[0].limits.stall_action: "panic" must be close or log`}, ErrInvalid},
+			[]string{`test.yaml:15: target "t": limits.stall_action: "panic" must be close or log`}, ErrInvalid},
 		{"keepalive too short", minimal + "    limits:\n      keepalive_interval: 1ms\n",
-			[]string{`targets[0].limits.keepalive_interval: 1ms is too short: at least 100ms, or off`}, ErrInvalid},
+			[]string{`target "t": limits.keepalive_interval: 1ms is too short: at least 100ms, or off`}, ErrInvalid},
 		{"negative max sessions", minimal + "    limits:\n      max_sessions: -1\n",
-			[]string{`targets[0].limits.max_sessions: -1 is out of range`}, ErrInvalid},
+			[]string{`target "t": limits.max_sessions: -1 is out of range`}, ErrInvalid},
 		{"global login timeout", "limits:\n  login_timeout: 1ms\n",
 			[]string{`limits.login_timeout: 1ms is too short: at least 100ms`}, ErrInvalid},
 		{"global unknown", "limits:\n  max_session: 4\n",
 			[]string{`limits.max_session: unknown field (did you mean "max_sessions"?)`}, ErrUnknownField},
-		{"mtu", "transports:\n  - name: x\n    address: ::1\n    mtu: 1500\n", []string{"test.yaml:4: transports[0].mtu: 1500 must be 256, 512, 1024, 2048 or 4096"}, ErrInvalid},
+		{"mtu", "transports:\n  - name: x\n    address: ::1\n    mtu: 1500\n", []string{"test.yaml:4: transport \"x\": mtu: 1500 must be 256, 512, 1024, 2048 or 4096"}, ErrInvalid},
 		{"log level", "logging:\n  level: verbose\n", []string{`test.yaml:2: logging.level: "verbose" must be debug, info, warn or error`}, ErrInvalid},
 		{"control mode", "control:\n  mode: \"0440\"\n", []string{"control.mode: 0440 must give the owner read and write"}, ErrInvalid},
 		{"control mode syntax", "control:\n  mode: rw\n", []string{`control.mode: invalid mode "rw"`}, ErrInvalid},
 		{"relative path", strings.Replace(minimal, "backend: ram\n        size: 64MiB", "backend: file\n        path: disk.img", 1),
-			[]string{`targets[0].luns[0].path: "disk.img" must be an absolute path`}, ErrInvalid},
+			[]string{`target "t" LUN 0: path: "disk.img" must be an absolute path`}, ErrInvalid},
 		{"create read-only", strings.Replace(minimal, "backend: ram\n        size: 64MiB", "backend: file\n        path: /d.img\n        create: true\n        size: 1GiB\n        read_only: true", 1),
-			[]string{"targets[0].luns[0].create: a read-only LUN cannot create its file"}, ErrInvalid},
+			[]string{"target \"t\" LUN 0: create: a read-only LUN cannot create its file"}, ErrInvalid},
 		{"blockdev size", strings.Replace(minimal, "backend: ram", "backend: blockdev\n        path: /dev/sdb", 1),
-			[]string{"targets[0].luns[0].size: does not apply to the blockdev backend"}, ErrInvalid},
+			[]string{"target \"t\" LUN 0: size: does not apply to the blockdev backend"}, ErrInvalid},
 		{"shared file", strings.Replace(minimal, "    acls:", "      - id: 1\n        backend: file\n        path: /d.img\n      - id: 2\n        backend: file\n        path: /d.img\n    acls:", 1),
-			[]string{"test.yaml:17: targets[0].luns[2].path: /d.img is already exported by targets[0].luns[1]"}, ErrDuplicate},
+			[]string{"test.yaml:17: target \"t\" LUN 2: path: /d.img is already exported by target \"t\" LUN 1"}, ErrDuplicate},
 		{"no transports", "targets:\n  - name: t\n    port_id: 00000000000000010000000000000001\n", []string{"transports: at least one transport is required"}, ErrMissing},
 		{"alias bomb", "a: &a [x,x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\n", []string{"a: unknown field", "b: unknown field", "c: unknown field"}, ErrUnknownField},
 		{"merge key", "logging:\n  <<: {level: info}\n", []string{"logging.<<: merge keys (<<) are not supported"}, ErrSyntax},
@@ -296,7 +296,7 @@ func TestSessionTimeouts(t *testing.T) {
 			case tt.want != "" && err == nil:
 				t.Fatalf("no error, want %q", tt.want)
 			case tt.want != "":
-				if !strings.Contains(err.Error(), "sessions[0]."+tt.path+": ") || !strings.Contains(err.Error(), tt.want) {
+				if !strings.Contains(err.Error(), `session "s": `+tt.path+": ") || !strings.Contains(err.Error(), tt.want) {
 					t.Fatalf("error %q, want %q on %s", err, tt.want, tt.path)
 				}
 				if !errors.Is(err, ErrInvalid) {
@@ -317,7 +317,7 @@ func TestNoLineForConfigBuiltInCode(t *testing.T) {
 	// A parsed config keeps its positions for a later Validate.
 	p := mustParse(t, minimal)
 	p.Targets[0].LUNs[0].BlockSize = 4000
-	if err := p.Validate(); err == nil || !strings.HasPrefix(err.Error(), "test.yaml:9: targets[0].luns[0].block_size: 4000") {
+	if err := p.Validate(); err == nil || !strings.HasPrefix(err.Error(), `test.yaml:9: target "t" LUN 0: block_size: 4000`) {
 		t.Fatalf("Validate = %v", err)
 	}
 }
@@ -325,7 +325,7 @@ func TestNoLineForConfigBuiltInCode(t *testing.T) {
 func TestStandaloneValidate(t *testing.T) {
 	tg := &Target{Name: "x", PortID: MakePortID(1, 2), LUNs: []LUN{{ID: 0, Backend: "ram", Size: 1000}}}
 	tg.SetDefaults()
-	if err := tg.Validate(); err == nil || err.Error() != "luns[0].size: 1000 must be a multiple of the block size (512)" {
+	if err := tg.Validate(); err == nil || err.Error() != "LUN 0: size: 1000 must be a multiple of the block size (512)" {
 		t.Fatalf("Target.Validate = %v", err)
 	}
 	l := &LUN{ID: 99999, Backend: "file", Path: "/a/../b"}
@@ -354,7 +354,7 @@ func TestParseTarget(t *testing.T) {
 		t.Fatalf("%+v", tg)
 	}
 	_, err = ParseTarget("t.yaml", []byte("name: x\nport_id: 00000000000000010000000000000001\nluns:\n  - {id: 3, backend: ram}\n"))
-	if err == nil || err.Error() != "t.yaml:4: luns[0].size: the ram backend needs a size (e.g. 64MiB)" {
+	if err == nil || err.Error() != "t.yaml:4: LUN 3: size: the ram backend needs a size (e.g. 64MiB)" {
 		t.Fatalf("ParseTarget = %v", err)
 	}
 	s, err := ParseSession("s.json", []byte(`{"name": "s", "address": "10.0.0.2", "target_port_id": "0x00000000000000010000000000000001", "dev_loss_tmo": "off"}`))
@@ -383,5 +383,38 @@ func TestPortIDForms(t *testing.T) {
 		if _, err := Parse("t.yaml", []byte(strings.Replace(minimal, "0x00000000000000010000000000000001", src, 1))); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", src, err)
 		}
+	}
+}
+
+// TestErrorsNameObjects checks that problems are located by object name, that an object whose
+// name cannot identify it (a duplicate) keeps its index, and that cross-references name the
+// other object: an operator knows targets and sessions by name, and an object sent through
+// the control API has no index in any file.
+func TestErrorsNameObjects(t *testing.T) {
+	c := mustParse(t, minimal)
+	c.Targets = append(c.Targets, Target{Name: "storage", PortID: c.Targets[0].PortID,
+		LUNs: []LUN{{ID: 3, Backend: BackendRAM, Size: 1000}}})
+	c.Targets = append(c.Targets, Target{Name: "storage", PortID: MakePortID(9, 9)})
+	sess := Session{Address: "10.0.0.2", TargetPortID: MakePortID(1, 1)}
+	for _, n := range []string{"a", "b"} {
+		s := sess
+		s.Name = n
+		c.Sessions = append(c.Sessions, s)
+	}
+	c.SetDefaults()
+	err := c.Validate()
+	for _, want := range []string{
+		`target "storage": port_id: port id ` + c.Targets[0].PortID.String() + ` is already used by target "t" on the same transport`,
+		`target "storage" LUN 3: size: 1000 must be a multiple of the block size (512)`,
+		`targets[2].name: target "storage" is already defined by targets[1]`,
+		`session "b": initiator_ext: session "a" already logs in to target port`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate = %v\nwant a line containing %q", err, want)
+		}
+	}
+	var list ErrorList
+	if !errors.As(err, &list) || list[0].Path == "" || !strings.HasPrefix(list[0].Path, "targets[") {
+		t.Errorf("Path keeps the field path for programs: %+v", list)
 	}
 }

@@ -53,6 +53,13 @@ type Error struct {
 	Line   int
 	Column int
 	Path   string
+	// Object is how an operator knows the object the problem is in (target "storage",
+	// target "storage" LUN 3, session "backup"), empty when the problem is not inside a
+	// named list element; Field is then the path inside that object. Error() shows these
+	// rather than Path's list indices, which say little about an object not yet created
+	// (one sent through the control API).
+	Object string
+	Field  string
 	Msg    string
 	Err    error // one of the sentinels above
 }
@@ -68,12 +75,24 @@ func (e *Error) Error() string {
 	} else if e.Line > 0 {
 		fmt.Fprintf(&b, "line %d: ", e.Line)
 	}
-	if e.Path != "" {
-		b.WriteString(e.Path)
+	if loc := e.Location(); loc != "" {
+		b.WriteString(loc)
 		b.WriteString(": ")
 	}
 	b.WriteString(e.Msg)
 	return b.String()
+}
+
+// Location is where the problem is, by object name where it has one:
+// `target "storage" LUN 3: size`, else the field path `targets[0].luns[1].size`.
+func (e *Error) Location() string {
+	switch {
+	case e.Object == "":
+		return e.Path
+	case e.Field == "":
+		return e.Object
+	}
+	return e.Object + ": " + e.Field
 }
 
 func (e *Error) Unwrap() error { return e.Err }

@@ -65,6 +65,10 @@ func parse[T any, PT interface {
 	x.SetDefaults()
 	v := &validator{src: src}
 	check(v, x)
+	for _, e := range errs {
+		// Decoding errors are found before the objects' names are known; name them now.
+		e.Object, e.Field = v.object(e.Path)
+	}
 	if errs = append(errs, v.errs...); len(errs) > 0 {
 		return nil, errs.sorted()
 	}

@@ -40,7 +40,7 @@ func TestNBDExportLimits(t *testing.T) {
 				if err == nil {
 					t.Fatalf("no error, want %q", tt.want)
 				}
-				if !strings.Contains(err.Error(), "sessions[0].nbd[0]."+tt.path+": ") || !strings.Contains(err.Error(), tt.want) {
+				if !strings.Contains(err.Error(), `session "s": nbd[0].`+tt.path+": ") || !strings.Contains(err.Error(), tt.want) {
 					t.Fatalf("error %q, want %q on %s", err, tt.want, tt.path)
 				}
 				if !errors.Is(err, ErrInvalid) {

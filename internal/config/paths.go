@@ -1,7 +1,6 @@
 package config
 
 import (
-	"fmt"
 	"path/filepath"
 	"strings"
 )
@@ -59,7 +58,7 @@ func (v *validator) lunPaths(c *Config) {
 	for i, s := range c.Sessions {
 		for k, e := range s.NBD {
 			if e.Socket != "" {
-				own[e.Socket] = fmt.Sprintf("the NBD socket of sessions[%d].nbd[%d] (%s)", i, k, s.Name)
+				own[e.Socket] = "the NBD socket of " + v.where(index(index("", "sessions", i), "nbd", k))
 			}
 		}
 	}
@@ -72,12 +71,12 @@ func (v *validator) lunPaths(c *Config) {
 			}
 			lp := join(index(index("", "targets", i), "luns", k), "path")
 			if what, ok := own[l.Path]; ok {
-				v.errorf(lp, ErrInvalid, "target %s: LUN %d: %s is %s, not a LUN", t.Name, l.ID, l.Path, what)
+				v.errorf(lp, ErrInvalid, "%s is %s, not a LUN", l.Path, what)
 				continue
 			}
 			if !c.PathAllowed(l.Path) {
-				v.errorf(lp, ErrInvalid, "target %s: LUN %d: %s is outside allowed_paths (%s)",
-					t.Name, l.ID, l.Path, strings.Join(c.AllowedPaths, ", "))
+				v.errorf(lp, ErrInvalid, "%s is outside allowed_paths (%s)",
+					l.Path, strings.Join(c.AllowedPaths, ", "))
 			}
 		}
 	}

@@ -53,20 +53,20 @@ func TestLUNPathValidation(t *testing.T) {
 		{"beneath an allowed directory", "/srv/luns/a.img", "", allowed, "", nil},
 		{"deep beneath", "/var/lib/srpd/x/y/a.img", "", allowed, "", nil},
 		{"outside", "/etc/srpd/srpd.yaml", "", allowed,
-			"targets[0].luns[0].path: target t: LUN 3: /etc/srpd/srpd.yaml is outside allowed_paths (/srv/luns, /var/lib/srpd)", ErrInvalid},
+			`target "t" LUN 3: path: ` + "/etc/srpd/srpd.yaml is outside allowed_paths (/srv/luns, /var/lib/srpd)", ErrInvalid},
 		{"sibling with the same prefix", "/srv/luns-old/a.img", "", allowed, "is outside allowed_paths", ErrInvalid},
 		{"the allowed directory itself", "/srv/luns", "", allowed, "is outside allowed_paths", ErrInvalid},
 		{"dot-dot escape", "/srv/luns/../../etc/shadow", "", allowed, `is not a clean path (use "/etc/shadow")`, ErrInvalid},
 		{"dot-dot without allowed_paths", "/srv/luns/../x.img", "", "", "is not a clean path", ErrInvalid},
 		{"root allows everything", "/etc/x.img", "", "allowed_paths: [/]\n", "", nil},
 		{"control socket", "/run/srpd/srpd.sock", "", "",
-			"targets[0].luns[0].path: target t: LUN 3: /run/srpd/srpd.sock is srpd's control socket (control.socket), not a LUN", ErrInvalid},
-		{"NBD socket", "/run/srpd/s-lun0.nbd", "", "", "is the NBD socket of sessions[0].nbd[0] (s)", ErrInvalid},
+			`target "t" LUN 3: path: ` + "/run/srpd/srpd.sock is srpd's control socket (control.socket), not a LUN", ErrInvalid},
+		{"NBD socket", "/run/srpd/s-lun0.nbd", "", "", "is the NBD socket of session \"s\" nbd[0]", ErrInvalid},
 		{"relative allowed path", "/srv/luns/a.img", "", "allowed_paths: [srv/luns]\n", `allowed_paths[0]: "srv/luns" must be an absolute path`, ErrInvalid},
 		{"unclean allowed path", "/srv/luns/a.img", "", "allowed_paths: [/srv/luns/]\n", `allowed_paths[0]: "/srv/luns/" is not a clean path`, ErrInvalid},
 		{"duplicate allowed path", "/srv/luns/a.img", "", "allowed_paths: [/srv/luns, /srv/luns]\n", "allowed_paths[1]: /srv/luns is already listed as allowed_paths[0]", ErrDuplicate},
 		{"follow_symlinks on a file", "/srv/luns/a.img", "        follow_symlinks: true\n", allowed, "", nil},
-		{"follow_symlinks on ram", "", "", "", "targets[0].luns[0].follow_symlinks: does not apply to the ram backend", ErrInvalid},
+		{"follow_symlinks on ram", "", "", "", "target \"t\" LUN 3: follow_symlinks: does not apply to the ram backend", ErrInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -105,7 +105,7 @@ func TestLUNPathIsTheConfigFile(t *testing.T) {
 	const file = "/etc/srpd/srpd.yaml"
 	_, err := Parse(file, []byte(pathsConfig(file, "        size: 1MiB\n", "")))
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(),
-		"targets[0].luns[0].path: target t: LUN 3: /etc/srpd/srpd.yaml is this configuration file, not a LUN") {
+		`target "t" LUN 3: path: `+"/etc/srpd/srpd.yaml is this configuration file, not a LUN") {
 		t.Fatalf("Parse = %v; want the LUN refused as the configuration file", err)
 	}
 	if _, err := Parse("/etc/srpd/other.yaml", []byte(pathsConfig(file, "", ""))); err != nil {
@@ -128,9 +128,9 @@ func TestLUNPathValidationAfterMutation(t *testing.T) {
 		}
 		next.SetDefaults()
 		err := next.Validate()
-		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "targets[0].luns[1].path") ||
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `target "t" LUN 7: path`) ||
 			!strings.Contains(err.Error(), l.Path) {
-			t.Errorf("AddLUN(%s): Validate = %v; want ErrInvalid at targets[0].luns[1].path", l.Path, err)
+			t.Errorf("AddLUN(%s): Validate = %v; want ErrInvalid at target \"t\" LUN 7: path", l.Path, err)
 		}
 	}
 }

@@ -21,7 +21,7 @@ func TestRBDLUN(t *testing.T) {
 	c, err := Parse("test.yaml", []byte(rbdLUN))
 	if !RBDSupported {
 		if err == nil || !errors.Is(err, ErrUnsupported) ||
-			!strings.Contains(err.Error(), "targets[0].luns[1].backend: this build of srpd has no rbd support (rebuild with -tags rbd") {
+			!strings.Contains(err.Error(), `target "t" LUN 1: backend: this build of srpd has no rbd support (rebuild with -tags rbd`) {
 			t.Fatalf("Parse without the rbd tag = %v; want ErrUnsupported naming the build tag", err)
 		}
 		return
@@ -54,33 +54,33 @@ func TestRBDLUN(t *testing.T) {
 }
 
 func TestRBDLUNErrors(t *testing.T) {
-	unsupported := "targets[0].luns[1].backend: this build of srpd has no rbd support"
+	unsupported := `target "t" LUN 1: backend: this build of srpd has no rbd support`
 	tests := []struct {
 		name, old, new string
 		want           []string
 		is             error
 	}{
 		{"no rbd settings", "        rbd:\n          pool: rbd\n          image: vm-disk-1\n", "",
-			[]string{"targets[0].luns[1].rbd: the rbd backend needs rbd: {pool: ..., image: ...}"}, ErrMissing},
-		{"no pool", "          pool: rbd\n", "", []string{"targets[0].luns[1].rbd.pool: required"}, ErrMissing},
-		{"no image", "          image: vm-disk-1\n", "", []string{"targets[0].luns[1].rbd.image: required"}, ErrMissing},
-		{"image with a slash", "image: vm-disk-1", "image: a/b", []string{`targets[0].luns[1].rbd.image: "a/b" must be`}, ErrInvalid},
+			[]string{`target "t" LUN 1: rbd: the rbd backend needs rbd: {pool: ..., image: ...}`}, ErrMissing},
+		{"no pool", "          pool: rbd\n", "", []string{`target "t" LUN 1: rbd.pool: required`}, ErrMissing},
+		{"no image", "          image: vm-disk-1\n", "", []string{`target "t" LUN 1: rbd.image: required`}, ErrMissing},
+		{"image with a slash", "image: vm-disk-1", "image: a/b", []string{`target "t" LUN 1: rbd.image: "a/b" must be`}, ErrInvalid},
 		{"namespace with an at", "image: vm-disk-1", "image: vm-disk-1\n          namespace: x@y",
-			[]string{`targets[0].luns[1].rbd.namespace: "x@y" must be`}, ErrInvalid},
+			[]string{`target "t" LUN 1: rbd.namespace: "x@y" must be`}, ErrInvalid},
 		{"relative cluster config", "image: vm-disk-1", "image: vm-disk-1\n          cluster_config: ceph.conf",
-			[]string{`targets[0].luns[1].rbd.cluster_config: "ceph.conf" must be an absolute path`}, ErrInvalid},
+			[]string{`target "t" LUN 1: rbd.cluster_config: "ceph.conf" must be an absolute path`}, ErrInvalid},
 		{"relative keyring", "image: vm-disk-1", "image: vm-disk-1\n          keyring: k",
-			[]string{`targets[0].luns[1].rbd.keyring: "k" must be an absolute path`}, ErrInvalid},
+			[]string{`target "t" LUN 1: rbd.keyring: "k" must be an absolute path`}, ErrInvalid},
 		{"client without type", "image: vm-disk-1", "image: vm-disk-1\n          client: admin",
-			[]string{`targets[0].luns[1].rbd.client: "admin" must be client.<id>`}, ErrInvalid},
+			[]string{`target "t" LUN 1: rbd.client: "admin" must be client.<id>`}, ErrInvalid},
 		{"path on rbd", "        backend: rbd\n", "        backend: rbd\n        path: /x\n",
-			[]string{"targets[0].luns[1].path: does not apply to the rbd backend"}, ErrInvalid},
+			[]string{`target "t" LUN 1: path: does not apply to the rbd backend`}, ErrInvalid},
 		{"size on rbd", "        backend: rbd\n", "        backend: rbd\n        size: 1GiB\n",
-			[]string{"targets[0].luns[1].size: does not apply to the rbd backend"}, ErrInvalid},
+			[]string{`target "t" LUN 1: size: does not apply to the rbd backend`}, ErrInvalid},
 		{"rbd on ram", "        backend: rbd\n", "        backend: ram\n        size: 1GiB\n",
-			[]string{"targets[0].luns[1].rbd: does not apply to the ram backend"}, ErrInvalid},
+			[]string{`target "t" LUN 1: rbd: does not apply to the ram backend`}, ErrInvalid},
 		{"image twice", "    acls:", "      - id: 2\n        backend: rbd\n        rbd: {pool: rbd, image: vm-disk-1}\n    acls:",
-			[]string{"targets[0].luns[2].rbd.image: image rbd/vm-disk-1 is already exported by targets[0].luns[1]"}, ErrDuplicate},
+			[]string{`target "t" LUN 2: rbd.image: image rbd/vm-disk-1 is already exported by target "t" LUN 1`}, ErrDuplicate},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -92,7 +92,7 @@ func TestRBDLUNErrors(t *testing.T) {
 			if !RBDSupported && tt.name != "rbd on ram" {
 				want = append([]string{unsupported}, want...)
 				if tt.name == "image twice" {
-					want = []string{unsupported, "targets[0].luns[2].backend: this build", want[1]}
+					want = []string{unsupported, `target "t" LUN 2: backend: this build`, want[1]}
 				}
 			}
 			_, err := Parse("test.yaml", []byte(src))

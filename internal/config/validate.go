@@ -43,6 +43,65 @@ var (
 type validator struct {
 	src  *source
 	errs ErrorList
+	// labels names the objects errors are reported against: a list element's path
+	// (targets[2], targets[2].luns[0]) to how an operator knows it (target "storage",
+	// target "storage" LUN 3). An element without a usable name (missing, invalid, or a
+	// duplicate) keeps its index.
+	labels map[string]string
+}
+
+// label records how the object at path p is named in errors, given its parent's label (empty
+// for a top-level object or a standalone one).
+func (v *validator) label(p, parentLabel, what string) {
+	if v.labels == nil {
+		v.labels = map[string]string{}
+	}
+	if parentLabel != "" {
+		what = parentLabel + " " + what
+	}
+	v.labels[p] = what
+}
+
+// where is path as errors show it: the label of the object it is in, then the field inside.
+func (v *validator) where(path string) string {
+	if l, f := v.object(path); l != "" {
+		if f == "" {
+			return l
+		}
+		return l + " " + f
+	}
+	return path
+}
+
+// childLabel labels the element at path p of the object at path parentPath: under the parent's
+// label, or on its own when the parent is the root of a standalone check (Target.Validate).
+// Under an unlabelled parent the element keeps its index, as its label alone would not say
+// which parent it belongs to.
+func (v *validator) childLabel(parentPath, p, what string) {
+	if parentPath == "" {
+		v.label(p, "", what)
+	} else if pl, ok := v.labels[parentPath]; ok {
+		v.label(p, pl, what)
+	}
+}
+
+// named is the label of the object at path p, or p itself when it has none.
+func (v *validator) named(p string) string {
+	if l, ok := v.labels[p]; ok {
+		return l
+	}
+	return p
+}
+
+// object splits path into the label of the innermost labelled object that contains it and
+// the field path inside that object.
+func (v *validator) object(path string) (label, field string) {
+	for p := path; p != ""; p = parent(p) {
+		if l, ok := v.labels[p]; ok {
+			return l, strings.TrimPrefix(path[len(p):], ".")
+		}
+	}
+	return "", path
 }
 
 func join(path, sub string) string {
@@ -67,6 +126,7 @@ func parent(path string) string {
 
 func (v *validator) errorf(path string, kind error, format string, args ...any) {
 	e := &Error{Path: path, Msg: fmt.Sprintf(format, args...), Err: kind}
+	e.Object, e.Field = v.object(path)
 	if v.src != nil {
 		for p := path; ; p = parent(p) {
 			if v.src.bad[p] {
@@ -207,6 +267,9 @@ func (v *validator) config(c *Config) {
 	for i := range c.Transports {
 		t := &c.Transports[i]
 		p := index("", "transports", i)
+		if _, dup := transports[t.Name]; !dup && nameRE.MatchString(t.Name) {
+			v.label(p, "", fmt.Sprintf("transport %q", t.Name))
+		}
 		v.transport(p, t)
 		v.uniqueName(transports, p, "transport", "transports", t.Name, i)
 	}
@@ -234,13 +297,16 @@ func (v *validator) config(c *Config) {
 	for i := range c.Targets {
 		t := &c.Targets[i]
 		p := index("", "targets", i)
+		if _, dup := targets[t.Name]; !dup && nameRE.MatchString(t.Name) {
+			v.label(p, "", fmt.Sprintf("target %q", t.Name))
+		}
 		v.target(p, t)
 		v.uniqueName(targets, p, "target", "targets", t.Name, i)
 		tr := checkRef(join(p, "transport"), t.Transport)
 		if !t.PortID.IsZero() {
 			key := t.Transport + "/" + t.PortID.String()
 			if j, dup := portIDs[key]; dup {
-				v.errorf(join(p, "port_id"), ErrDuplicate, "port id %s is already used by targets[%d] on the same transport", t.PortID, j)
+				v.errorf(join(p, "port_id"), ErrDuplicate, "port id %s is already used by %s on the same transport", t.PortID, v.named(index("", "targets", j)))
 			} else {
 				portIDs[key] = i
 			}
@@ -265,7 +331,7 @@ func (v *validator) config(c *Config) {
 				if prev, dup := paths[key]; dup {
 					v.errorf(ip, ErrDuplicate, "image %s is already exported by %s", l.RBD.Spec(), prev)
 				} else {
-					paths[key] = index(p, "luns", k)
+					paths[key] = v.where(index(p, "luns", k))
 				}
 				continue
 			}
@@ -276,7 +342,7 @@ func (v *validator) config(c *Config) {
 			if prev, dup := paths[l.Path]; dup {
 				v.errorf(lp, ErrDuplicate, "%s is already exported by %s", l.Path, prev)
 			} else {
-				paths[l.Path] = index(p, "luns", k)
+				paths[l.Path] = v.where(index(p, "luns", k))
 			}
 		}
 	}
@@ -287,6 +353,9 @@ func (v *validator) config(c *Config) {
 	for i := range c.Sessions {
 		s := &c.Sessions[i]
 		p := index("", "sessions", i)
+		if _, dup := sessions[s.Name]; !dup && nameRE.MatchString(s.Name) {
+			v.label(p, "", fmt.Sprintf("session %q", s.Name))
+		}
 		v.session(p, s)
 		v.uniqueName(sessions, p, "session", "sessions", s.Name, i)
 		checkRef(join(p, "transport"), s.Transport)
@@ -296,7 +365,7 @@ func (v *validator) config(c *Config) {
 			key := s.Transport + "/" + s.TargetPortID.String() + "/" + s.InitiatorExt.String()
 			if j, dup := remotes[key]; dup {
 				v.errorf(join(p, "initiator_ext"), ErrDuplicate,
-					"sessions[%d] already logs in to target port %s with initiator_ext %s", j, s.TargetPortID, s.InitiatorExt)
+					"%s already logs in to target port %s with initiator_ext %s", v.named(index("", "sessions", j)), s.TargetPortID, s.InitiatorExt)
 			} else {
 				remotes[key] = i
 			}
@@ -309,7 +378,7 @@ func (v *validator) config(c *Config) {
 			if prev, dup := sockets[e.Socket]; dup {
 				v.errorf(np, ErrDuplicate, "%s is already used by %s", e.Socket, prev)
 			} else {
-				sockets[e.Socket] = np
+				sockets[e.Socket] = v.where(np)
 			}
 		}
 	}
@@ -424,6 +493,9 @@ func (v *validator) target(p string, t *Target) {
 	for i := range t.LUNs {
 		l := &t.LUNs[i]
 		lp := index(p, "luns", i)
+		if _, dup := ids[l.ID]; !dup {
+			v.childLabel(p, lp, fmt.Sprintf("LUN %d", l.ID))
+		}
 		v.lun(lp, l)
 		if j, dup := ids[l.ID]; dup {
 			v.errorf(join(lp, "id"), ErrDuplicate, "LUN %d is already defined by luns[%d]", l.ID, j)
@@ -435,6 +507,9 @@ func (v *validator) target(p string, t *Target) {
 	for i := range t.ACLs {
 		a := &t.ACLs[i]
 		ap := index(p, "acls", i)
+		if _, dup := inis[a.Initiator]; !dup && !a.Initiator.IsZero() {
+			v.childLabel(p, ap, fmt.Sprintf("ACL %s", a.Initiator))
+		}
 		v.acl(ap, a, ids)
 		if a.Initiator.IsZero() {
 			continue

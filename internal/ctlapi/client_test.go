@@ -154,7 +154,7 @@ func TestClientTypedErrors(t *testing.T) {
 	if !errors.Is(err, ctlapi.ErrInvalidArgument) || !errors.As(err, &apiErr) || len(apiErr.Details) != 1 || apiErr.Details[0].Path != "luns[0].size" {
 		t.Fatalf("CreateTarget(invalid) = %#v", err)
 	}
-	if !strings.Contains(err.Error(), "luns[0].size: the ram backend needs a size") {
+	if err.Error() != "invalid target: LUN 0: size: the ram backend needs a size (e.g. 64MiB)" || apiErr.Details[0].Location != "LUN 0: size" {
 		t.Fatalf("message %q", err)
 	}
 	_, err = c.CreateTarget(ctx, config.Target{Name: "demo", PortID: config.MakePortID(1, 9)}, ctlapi.MutateOptions{})

@@ -1,6 +1,7 @@
 package ctlapi
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -84,8 +85,11 @@ var codeSentinels = []struct {
 
 // Detail is one located problem of an invalid request body (a config validation error).
 type Detail struct {
-	Path    string `json:"path,omitempty"`
-	Message string `json:"message"`
+	Path string `json:"path,omitempty"`
+	// Location is Path as an operator reads it, by object name where the object has one
+	// (target "storage" LUN 3: size); what srpctl prints.
+	Location string `json:"location,omitempty"`
+	Message  string `json:"message"`
 }
 
 // ErrorBody is the JSON body of every error response.
@@ -114,10 +118,14 @@ func (e *APIError) Error() string {
 	if e.Message == "" {
 		fmt.Fprintf(&b, "%s (HTTP %d)", e.Code, e.StatusCode)
 	}
-	for _, d := range e.Details {
+	details := e.Details
+	if len(details) == 1 && strings.Contains(e.Message, cmp.Or(details[0].Location, details[0].Path)+": ") {
+		details = nil // the message is that one problem already: print it once
+	}
+	for _, d := range details {
 		b.WriteString("\n  ")
-		if d.Path != "" {
-			b.WriteString(d.Path)
+		if loc := cmp.Or(d.Location, d.Path); loc != "" {
+			b.WriteString(loc)
 			b.WriteString(": ")
 		}
 		b.WriteString(d.Message)
@@ -135,6 +143,36 @@ func (e *APIError) Is(target error) bool {
 	return false
 }
 
+// listCode classifies a configuration that failed validation. Problems that are all
+// duplicates of what the running configuration already has (a port ID another target uses, a
+// second session to the same target port) are a conflict with existing state, as
+// ErrAlreadyExists is, not a malformed request; a request body that is invalid on its own
+// (invalidRequest) stays invalid_argument whatever its problems are.
+func listCode(err error, list config.ErrorList) Code {
+	switch {
+	case errors.Is(err, ErrInvalidArgument):
+		return CodeInvalidArgument
+	case errors.Is(err, ErrConflict), errors.Is(err, config.ErrInUse):
+		return CodeConflict
+	case errors.Is(err, ErrAlreadyExists), errors.Is(err, config.ErrExists):
+		return CodeAlreadyExists
+	}
+	for _, e := range list {
+		if !errors.Is(e, config.ErrDuplicate) {
+			return CodeInvalidArgument
+		}
+	}
+	return CodeConflict
+}
+
+// invalidRequest marks a request body that is invalid on its own (checked before any
+// Service call), so that its duplicate problems (a LUN ID listed twice) are not taken for a
+// conflict with the running configuration.
+type invalidRequest struct{ error }
+
+func (e invalidRequest) Unwrap() error        { return e.error }
+func (e invalidRequest) Is(target error) bool { return target == ErrInvalidArgument }
+
 // errorInfo classifies a Service error into the body to send.
 func errorInfo(err error) APIErrorInfo {
 	info := APIErrorInfo{Code: CodeInternal, Message: err.Error()}
@@ -144,7 +182,7 @@ func errorInfo(err error) APIErrorInfo {
 	case errors.As(err, &apiErr): // a Service that proxies another daemon (or a Client)
 		info.Code, info.Details = apiErr.Code, apiErr.Details
 	case errors.As(err, &list):
-		info.Code = CodeInvalidArgument
+		info.Code = listCode(err, list)
 		info.Message, _, _ = strings.Cut(err.Error(), "\n")
 		if len(list) > 1 {
 			info.Message += fmt.Sprintf(" (and %d more problems)", len(list)-1)
@@ -154,7 +192,7 @@ func errorInfo(err error) APIErrorInfo {
 			if e.Line > 0 {
 				msg = fmt.Sprintf("%s (%s:%d)", e.Msg, e.File, e.Line)
 			}
-			info.Details = append(info.Details, Detail{Path: e.Path, Message: msg})
+			info.Details = append(info.Details, Detail{Path: e.Path, Location: e.Location(), Message: msg})
 		}
 	case errors.Is(err, ErrNotFound), errors.Is(err, config.ErrNotFound):
 		info.Code = CodeNotFound

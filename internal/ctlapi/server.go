@@ -215,7 +215,7 @@ func pathName(r *http.Request, key string) (string, error) {
 func validationError(what string, err error) error {
 	var list config.ErrorList
 	if errors.As(err, &list) {
-		return fmt.Errorf("invalid %s: %w", what, list)
+		return invalidRequest{fmt.Errorf("invalid %s: %w", what, list)}
 	}
 	return badRequest("invalid %s: %v", what, err)
 }

@@ -81,7 +81,7 @@ func (d *Daemon) listenControl(c config.Control) (*controlServer, error) {
 	}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: c.Socket, Net: "unix"})
 	if err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
+		return nil, fmt.Errorf("control socket %s: listen: %w", c.Socket, stack.ListenCause(err))
 	}
 	ln.SetUnlinkOnClose(true)
 	if err := setSocketAccess(c); err != nil {
@@ -200,7 +200,7 @@ func (d *Daemon) restartMetrics(m config.Metrics) error {
 	}
 	ln, err := net.Listen("tcp", m.Listen)
 	if err != nil {
-		err = fmt.Errorf("metrics: listen on %s: %w", m.Listen, err)
+		err = fmt.Errorf("metrics: listen on %s: %w", m.Listen, stack.ListenCause(err))
 		d.mu.Lock()
 		d.failed["metrics"] = err.Error()
 		d.mu.Unlock()

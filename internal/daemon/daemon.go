@@ -416,7 +416,9 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 			l.close(d.log)
 		}
 	}
-	if p.metrics || d.failed["metrics"] != "" {
+	// A failed metrics listener is retried by a later change, not by the shutdown (which would
+	// report the same failure a second time).
+	if p.metrics || (d.failed["metrics"] != "" && !d.stopping.Load()) {
 		if err := d.restartMetrics(new.Metrics); err != nil {
 			errs = append(errs, err)
 		}

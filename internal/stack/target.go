@@ -165,7 +165,8 @@ func StartTarget(cfg config.Target, tr *Transport, luns map[int]*LUN, o TargetOp
 	for _, a := range addrs {
 		ln, err := tr.CM.Listen(a, uint16(cfg.CMPort))
 		if err != nil {
-			return nil, fmt.Errorf("target %s: listen on %v port %d: %w", cfg.Name, a, cfg.CMPort, err)
+			// The transports' Listen errors say "listen on" the address and port already.
+			return nil, fmt.Errorf("target %s: %w", cfg.Name, err)
 		}
 		t.lns = append(t.lns, ln)
 		t.Listen = append(t.Listen, netip.AddrPortFrom(a, uint16(cfg.CMPort)).String())

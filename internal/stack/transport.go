@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"time"
 
@@ -115,7 +116,7 @@ func openSoftRoCE(ctx context.Context, cfg config.Transport, o TransportOptions)
 	// (a capture on lo then shows the unsegmented super-packets).
 	lnk, err := link.ListenUDP(ctx, bind, link.UDPOptions{SocketBuffer: int(cfg.SocketBuffer), GRO: true, GSO: true})
 	if err != nil {
-		return nil, fmt.Errorf("transport %s: bind UDP %v: %w", cfg.Name, bind, err)
+		return nil, fmt.Errorf("transport %s: bind UDP %v: %w", cfg.Name, bind, ListenCause(err))
 	}
 	var addrs []netip.AddrPort
 	if addr.IsUnspecified() {
@@ -285,4 +286,20 @@ func (t *Transport) Close(ctx context.Context) {
 		t.log.Warn("closing transport", zap.Error(err))
 	}
 	t.log.Info("transport closed")
+}
+
+// ListenCause is what a failed net listen says beyond the operation and address a caller's own
+// message names: "address already in use" out of "listen udp4 127.0.0.1:4791: bind: address
+// already in use", which under "bind UDP 127.0.0.1:4791: " would say the address twice. A
+// failed bind gives its errno (errors.Is(err, syscall.EADDRINUSE) holds); another system
+// call (a socket option) keeps its name. An error that is not a *net.OpError is returned as is.
+func ListenCause(err error) error {
+	oe, ok := err.(*net.OpError)
+	if !ok {
+		return err
+	}
+	if se, ok := oe.Err.(*os.SyscallError); ok && se.Syscall == "bind" {
+		return se.Err
+	}
+	return oe.Err
 }

@@ -75,7 +75,7 @@ var _ Backend = (*BlockDev)(nil)
 // loop device).
 func OpenBlockDev(path string, opts BlockDevOptions) (*BlockDev, error) {
 	fail := func(err error) (*BlockDev, error) {
-		return nil, fmt.Errorf("backend blockdev %s: open: %w", path, err)
+		return nil, fmt.Errorf("backend blockdev %s: open: %w", path, withoutPath(err, path))
 	}
 	// Check the type before opening: opening a FIFO or a tty can block or have side effects.
 	fi, err := preStat(path, opts.NoSymlinks)

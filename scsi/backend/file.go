@@ -65,7 +65,7 @@ var _ Backend = (*File)(nil)
 // OpenFile opens (and with opts.Create, creates) the regular file at path as a Backend.
 func OpenFile(path string, opts FileOptions) (*File, error) {
 	fail := func(err error) (*File, error) {
-		return nil, fmt.Errorf("backend file %s: open: %w", path, err)
+		return nil, fmt.Errorf("backend file %s: open: %w", path, withoutPath(err, path))
 	}
 	switch {
 	case opts.Size < 0:

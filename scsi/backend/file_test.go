@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -332,5 +333,26 @@ func TestFileNoAllocs(t *testing.T) {
 			t.Errorf("direct=%v: unaligned ReadAt: %v allocs/op", direct, a)
 		}
 		f.Close()
+	}
+}
+
+// TestOpenErrorsSayThePathOnce checks that a failed open names the backend, the path and the
+// operation once: not "open: open /x: ...", as an *os.PathError wrapped under our own prefix
+// read.
+func TestOpenErrorsSayThePathOnce(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "missing", "disk.img")
+	_, err := OpenFile(p, FileOptions{Create: true, Size: 1 << 20})
+	if want := "backend file " + p + ": open: no such file or directory"; err == nil || err.Error() != want {
+		t.Fatalf("OpenFile = %v, want %q", err, want)
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("errors.Is(%v, os.ErrNotExist) = false", err)
+	}
+	_, err = OpenBlockDev(p, BlockDevOptions{})
+	if err == nil || strings.Count(err.Error(), p) != 1 || strings.Contains(err.Error(), "open: open") {
+		t.Fatalf("OpenBlockDev = %v, want the path once and no doubled open", err)
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("errors.Is(%v, os.ErrNotExist) = false", err)
 	}
 }

@@ -124,3 +124,18 @@ func openNoFollow(path string, flags int, perm os.FileMode) (*os.File, error) {
 	}
 	return f, nil
 }
+
+// withoutPath drops the operation and path of an *os.PathError about path itself, which an
+// error message prefixed with the path and "open" would otherwise say twice
+// ("backend file /x: open: open /x: no such file or directory"); an operation other than open
+// is kept. errors.Is still sees the errno.
+func withoutPath(err error, path string) error {
+	pe, ok := err.(*os.PathError)
+	switch {
+	case !ok || pe.Path != path:
+		return err
+	case pe.Op == "open":
+		return pe.Err
+	}
+	return fmt.Errorf("%s: %w", pe.Op, pe.Err)
+}

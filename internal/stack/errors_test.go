@@ -57,4 +57,3 @@ func TestListenErrorsSayTheAddressOnce(t *testing.T) {
 		t.Fatalf("StartTarget on a busy CM port = %q, want it to start with %q and say listen on once", err, want)
 	}
 }
-

@@ -191,6 +191,15 @@ func softroceOf(tr *stack.Transport) *softroce.Device { return tr.Device.(*softr
 
 func closeDevice(dev *stack.Transport) { dev.Close(context.Background()) }
 
+// parseBenchAddr parses an address flag and checks it with benchAddr.
+func parseBenchAddr(s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	return a, benchAddr(a)
+}
+
 // benchAddr accepts the addresses the benchmark may use: loopback, or private (RFC 1918, ULA),
 // which bench.sh's network-namespace set-up puts on both ends of a veth pair. Anything else
 // would send benchmark traffic out of the host.
@@ -292,11 +301,8 @@ func runTarget(ctx context.Context, args []string) error {
 	if *memprofile != "" {
 		defer writeHeapProfile(*memprofile)
 	}
-	addr, err := netip.ParseAddr(*addrS)
+	addr, err := parseBenchAddr(*addrS)
 	if err != nil {
-		return err
-	}
-	if err := benchAddr(addr); err != nil {
 		return err
 	}
 	mtu, err := parseMTU(*mtuB)
@@ -503,11 +509,8 @@ func runNBD(ctx context.Context, args []string) error {
 		if *addrS == "" {
 			*addrS = "127.0.0.1"
 		}
-		addr, err := netip.ParseAddr(*addrS)
+		addr, err := parseBenchAddr(*addrS)
 		if err != nil {
-			return err
-		}
-		if err := benchAddr(addr); err != nil {
 			return err
 		}
 		if err := to.parse(*portID); err != nil {
@@ -535,10 +538,7 @@ func runNBD(ctx context.Context, args []string) error {
 		}
 		addr := o.target.Addr() // same host: the target's loopback address
 		if *addrS != "" {
-			if addr, err = netip.ParseAddr(*addrS); err != nil {
-				return err
-			}
-			if err := benchAddr(addr); err != nil {
+			if addr, err = parseBenchAddr(*addrS); err != nil {
 				return err
 			}
 		}
@@ -677,11 +677,8 @@ func runUDPEcho(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	addr, err := netip.ParseAddr(*addrS)
+	addr, err := parseBenchAddr(*addrS)
 	if err != nil {
-		return err
-	}
-	if err := benchAddr(addr); err != nil {
 		return err
 	}
 	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, 0)))

@@ -82,11 +82,8 @@ func runRDMAServer(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	addr, err := netip.ParseAddr(*addrS)
+	addr, err := parseBenchAddr(*addrS)
 	if err != nil {
-		return err
-	}
-	if err := benchAddr(addr); err != nil {
 		return err
 	}
 	mtu, err := parseMTU(*mtuB)
@@ -230,11 +227,8 @@ func runTCPServer(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	addr, err := netip.ParseAddr(*addrS)
+	addr, err := parseBenchAddr(*addrS)
 	if err != nil {
-		return err
-	}
-	if err := benchAddr(addr); err != nil {
 		return err
 	}
 	maxSize, err := parseSize(*maxSizeS)
@@ -332,11 +326,8 @@ func runFreePort(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	addr, err := netip.ParseAddr(*addrS)
+	addr, err := parseBenchAddr(*addrS)
 	if err != nil {
-		return err
-	}
-	if err := benchAddr(addr); err != nil {
 		return err
 	}
 	lo := 32768
@@ -733,10 +724,7 @@ func runRDMAStream(ctx context.Context, args []string) error {
 	}
 	local := rdmaTo.Addr()
 	if *addrS != "" {
-		if local, err = netip.ParseAddr(*addrS); err != nil {
-			return err
-		}
-		if err := benchAddr(local); err != nil {
+		if local, err = parseBenchAddr(*addrS); err != nil {
 			return err
 		}
 	}

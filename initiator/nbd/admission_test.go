@@ -480,7 +480,7 @@ func TestBufPoolHoldingRechecked(t *testing.T) {
 }
 
 // TestWriteTimeoutSparesSteadyReader: the write timeout bounds a wait in which the client
-// takes nothing; a client that reads a 4 MiB reply in small pieces with pauses shorter than
+// takes nothing; a client that reads a 4 MiB reply in 256 KiB pieces with pauses shorter than
 // the timeout, for several times the timeout in all, keeps its connection and gets every byte.
 func TestWriteTimeoutSparesSteadyReader(t *testing.T) {
 	const wt = 300 * time.Millisecond
@@ -497,7 +497,7 @@ func TestWriteTimeoutSparesSteadyReader(t *testing.T) {
 	for off := 0; off < len(got); {
 		time.Sleep(wt / 3)
 		c.nc.SetReadDeadline(time.Now().Add(5 * time.Second))
-		k, err := io.ReadAtLeast(c.nc, got[off:min(off+512<<10, len(got))], 1)
+		k, err := io.ReadAtLeast(c.nc, got[off:min(off+256<<10, len(got))], 1)
 		if err != nil {
 			t.Fatalf("after %d of %d bytes (%v): %v", off, len(got), time.Since(start), err)
 		}

@@ -10,7 +10,11 @@ const (
 	DefaultUDPPort      = 4791 // IANA RoCEv2
 	DefaultSocketBuffer = Size(4 << 20)
 	DefaultSoftRoCEMTU  = 4096
-	DefaultVerbsPort    = 1
+	// DefaultBusyPoll is a target-only softroce transport's receive busy poll (Transport.BusyPoll).
+	DefaultBusyPoll = 50 * time.Microsecond
+	// MaxBusyPoll bounds Transport.BusyPoll.
+	MaxBusyPoll      = time.Millisecond
+	DefaultVerbsPort = 1
 
 	DefaultCMPort = 5555 // the RDMA CM port ib_srpt users configure (blktests, docs)
 
@@ -119,6 +123,12 @@ type Transport struct {
 	// kernel computes it for rxe (1024 on a 1500-byte Ethernet link, 4096 on loopback).
 	// verbs: default 0, the port's active MTU.
 	MTU int `yaml:"mtu,omitempty" json:"mtu,omitempty"`
+	// BusyPoll (softroce) is how long the engine's receive loop keeps polling its UDP socket
+	// after finding it empty before it sleeps (link.UDPOptions.BusyPoll): "off", or a duration
+	// up to 1ms. Omitted: DefaultBusyPoll on a transport that only serves targets (a storage
+	// host, where the poll saves the wake-up on every command's critical path), off on one
+	// that initiator sessions use (a compute host, whose CPU belongs to the applications).
+	BusyPoll *Timeout `yaml:"busy_poll,omitempty" json:"busy_poll,omitempty"`
 	// Device (verbs) is the RDMA device name (ibv_devices, `rdma link`), e.g. mlx5_0 or rxe0.
 	Device string `yaml:"device,omitempty" json:"device,omitempty"`
 	// Port (verbs) is the device port number, 1 by default.
@@ -387,6 +397,24 @@ func (c *Config) Transport(name string) *Transport {
 		}
 	}
 	return nil
+}
+
+// BusyPoll is the receive busy poll of transport t (Transport.BusyPoll): its setting, or the
+// default for its role in c — DefaultBusyPoll when no session of c uses it, else 0. Defaults
+// must have been applied (sessions name their transport).
+func (c *Config) BusyPoll(t *Transport) time.Duration {
+	if t.Driver != DriverSoftRoCE {
+		return 0
+	}
+	if t.BusyPoll != nil {
+		return t.BusyPoll.Duration()
+	}
+	for i := range c.Sessions {
+		if c.Sessions[i].Transport == t.Name {
+			return 0
+		}
+	}
+	return DefaultBusyPoll
 }
 
 // LUN returns the LUN with that id, or nil.

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/srpd/srpd/configs"
 )
@@ -66,7 +67,7 @@ func TestExampleConfigsValidate(t *testing.T) {
 	data, _ := fs.ReadFile(configs.FS(), "srpd.reference.yaml")
 	ref := string(data)
 	for _, key := range []string{"version", "transports", "driver", "address", "interface", "udp_port",
-		"socket_buffer", "mtu", "device", "port", "targets", "transport", "port_id", "id_ext", "ioc_guid", "listen",
+		"socket_buffer", "mtu", "busy_poll", "device", "port", "targets", "transport", "port_id", "id_ext", "ioc_guid", "listen",
 		"cm_port", "luns", "id", "backend", "path", "size", "create", "direct", "block_size", "read_only",
 		"serial", "acls", "initiator", "limits", "max_channels", "queue_depth", "max_it_iu_len",
 		"max_ti_iu_len", "immediate_data", "sessions", "source", "target_port_id", "initiator_ext",
@@ -178,6 +179,10 @@ func TestParseErrors(t *testing.T) {
 		{"wrong kind list", "targets:\n  name: t\n", []string{"test.yaml:2: targets: must be a list, not a mapping"}, ErrType},
 		{"wrong kind int", minimal + "    cm_port: high\n", []string{`test.yaml:14: target "t": cm_port: must be an integer, not "high"`}, ErrType},
 		{"wrong kind bool", minimal + "    limits:\n      immediate_data: yes\n", []string{`target "t": limits.immediate_data: must be true or false, not "yes"`}, ErrType},
+		{"busy poll too long", strings.Replace(minimal, "address: 127.0.0.1", "address: 127.0.0.1\n    busy_poll: 2ms", 1),
+			[]string{`busy_poll: 2ms is longer than 1ms`}, ErrInvalid},
+		{"busy poll negative", strings.Replace(minimal, "address: 127.0.0.1", "address: 127.0.0.1\n    busy_poll: -1us", 1),
+			[]string{`busy_poll: invalid timeout "-1us"`}, ErrInvalid},
 		{"bad size unit", strings.Replace(minimal, "64MiB", "64XB", 1), []string{`test.yaml:11: target "t" LUN 0: size: invalid size "64XB": unknown unit`}, ErrInvalid},
 		{"size not multiple", strings.Replace(minimal, "size: 64MiB", "size: 65000\n        block_size: 4096", 1),
 			[]string{"test.yaml:11: target \"t\" LUN 0: size: 65000 must be a multiple of the block size (4096)"}, ErrInvalid},
@@ -416,5 +421,34 @@ func TestErrorsNameObjects(t *testing.T) {
 	var list ErrorList
 	if !errors.As(err, &list) || list[0].Path == "" || !strings.HasPrefix(list[0].Path, "targets[") {
 		t.Errorf("Path keeps the field path for programs: %+v", list)
+	}
+}
+
+// TestBusyPollByRole: an omitted busy_poll is on for a transport only targets use (a storage
+// host) and off for one that sessions use; a set one is taken as it is.
+func TestBusyPollByRole(t *testing.T) {
+	const sess = `
+sessions:
+  - name: s
+    transport: lo
+    address: 127.0.0.1
+    target_port_id: 0x0002c903000f12340002c903000f1234
+`
+	for _, tc := range []struct {
+		name, src string
+		want      time.Duration
+	}{
+		{"target only", minimal, DefaultBusyPoll},
+		{"target only, off", strings.Replace(minimal, "address: 127.0.0.1", "address: 127.0.0.1\n    busy_poll: off", 1), 0},
+		{"target only, set", strings.Replace(minimal, "address: 127.0.0.1", "address: 127.0.0.1\n    busy_poll: 200us", 1), 200 * time.Microsecond},
+		{"with a session", minimal + sess, 0},
+		{"with a session, set", strings.Replace(minimal, "address: 127.0.0.1", "address: 127.0.0.1\n    busy_poll: 20us", 1) + sess, 20 * time.Microsecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := mustParse(t, tc.src)
+			if got := c.BusyPoll(&c.Transports[0]); got != tc.want {
+				t.Fatalf("busy poll %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -446,6 +446,9 @@ func (v *validator) transport(p string, t *Transport) {
 		}
 		v.rng(join(p, "udp_port"), int64(t.UDPPort), 1, 65535, "")
 		v.rng(join(p, "socket_buffer"), int64(t.SocketBuffer), 64<<10, 1<<30, " bytes")
+		if t.BusyPoll != nil && t.BusyPoll.Duration() > MaxBusyPoll {
+			v.errorf(join(p, "busy_poll"), ErrInvalid, "%v is longer than %v (each empty receive spins that long)", t.BusyPoll, MaxBusyPoll)
+		}
 		only("device", DriverVerbs, t.Device != "")
 		only("port", DriverVerbs, t.Port != 0)
 	case DriverVerbs:
@@ -464,6 +467,7 @@ func (v *validator) transport(p string, t *Transport) {
 		only("interface", DriverSoftRoCE, t.Interface != "")
 		only("udp_port", DriverSoftRoCE, t.UDPPort != 0)
 		only("socket_buffer", DriverSoftRoCE, t.SocketBuffer != 0)
+		only("busy_poll", DriverSoftRoCE, t.BusyPoll != nil)
 	default:
 		v.errorf(join(p, "driver"), ErrInvalid, "%q must be softroce or verbs (or verbs:<device>)", t.Driver)
 	}

@@ -375,7 +375,7 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 			t.Close(stopCtx)
 		}
 		tr, err := stack.OpenTransport(ctx, *new.Transport(n), stack.TransportOptions{
-			Logger: d.log.With(zap.String("transport", n)), OpenVerbs: d.openVerbs})
+			Logger: d.log.With(zap.String("transport", n)), OpenVerbs: d.openVerbs, BusyPoll: new.BusyPoll(new.Transport(n))})
 		d.mu.Lock()
 		if err == nil {
 			d.transports[n] = tr

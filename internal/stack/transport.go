@@ -40,6 +40,9 @@ type TransportOptions struct {
 	// MaxQP and MaxMR size the softroce engine (0: its defaults, 1024 QPs and 65536 MRs);
 	// srpbench's memory probe logs in more sessions than that.
 	MaxQP, MaxMR int
+	// BusyPoll is the softroce receive busy poll (link.UDPOptions.BusyPoll; config.Config.BusyPoll
+	// gives a configuration's); 0: off.
+	BusyPoll time.Duration
 	// OpenVerbs opens a kernel verbs device (nil: verbs.OpenDevice); tests stand in for the
 	// engine with it.
 	OpenVerbs func(name string, cfg verbs.Config) (transport.Device, error)
@@ -114,7 +117,7 @@ func openSoftRoCE(ctx context.Context, cfg config.Transport, o TransportOptions)
 	// GRO takes coalesced datagrams from the kernel; GSO only ever applies to loopback
 	// destinations (initiator and target on one host), where it cuts the per-packet stack cost
 	// (a capture on lo then shows the unsegmented super-packets).
-	lnk, err := link.ListenUDP(ctx, bind, link.UDPOptions{SocketBuffer: int(cfg.SocketBuffer), GRO: true, GSO: true})
+	lnk, err := link.ListenUDP(ctx, bind, link.UDPOptions{SocketBuffer: int(cfg.SocketBuffer), GRO: true, GSO: true, BusyPoll: o.BusyPoll})
 	if err != nil {
 		return nil, fmt.Errorf("transport %s: bind UDP %v: %w", cfg.Name, bind, ListenCause(err))
 	}
@@ -133,7 +136,8 @@ func openSoftRoCE(ctx context.Context, cfg config.Transport, o TransportOptions)
 		return nil, fmt.Errorf("transport %s: %w", cfg.Name, err)
 	}
 	t := &Transport{Config: cfg, Device: dev, CM: dev, Bound: lnk.LocalAddrPort(), log: log}
-	log.Info("transport up", zap.String("driver", cfg.Driver), zap.Stringer("udp", t.Bound), zap.Int("mtu", cfg.MTU))
+	log.Info("transport up", zap.String("driver", cfg.Driver), zap.Stringer("udp", t.Bound), zap.Int("mtu", cfg.MTU),
+		zap.Duration("busy_poll", o.BusyPoll))
 	return t, nil
 }
 

@@ -50,6 +50,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/transport"
 	"github.com/srpd/srpd/transport/softroce"
 )
@@ -78,6 +79,7 @@ func runRDMAServer(ctx context.Context, args []string) error {
 	mtuB := mtuFlag(fs)
 	memS := fs.String("mem", "16m", "registered buffer per connection (the largest size × queue depth the client uses)")
 	ready := fs.String("ready", "", "file to write \"udp=ADDR:PORT pid=PID\" to once listening")
+	busyPoll := fs.Duration("busy-poll", config.DefaultBusyPoll, "receive busy poll of the softroce UDP socket (link.UDPOptions.BusyPoll; srpd's default for a target-only transport; 0: off)")
 	verbose := fs.Bool("v", false, "info logs (default: warnings only)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -95,7 +97,7 @@ func runRDMAServer(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLog(*verbose)
-	dev, udp, err := openDevice(ctx, "bench-rdma-server", addr, mtu, 0, log.Named("softroce"))
+	dev, udp, err := openDevice(ctx, "bench-rdma-server", addr, mtu, 0, *busyPoll, log.Named("softroce"))
 	if err != nil {
 		return err
 	}
@@ -760,7 +762,7 @@ func runRDMAStream(ctx context.Context, args []string) error {
 	}
 
 	log := newLog(false)
-	dev, _, err := openDevice(ctx, "bench-rdma-client", local, mtu, 0, log.Named("softroce"))
+	dev, _, err := openDevice(ctx, "bench-rdma-client", local, mtu, 0, 0, log.Named("softroce"))
 	if err != nil {
 		return err
 	}

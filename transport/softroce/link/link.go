@@ -97,6 +97,8 @@ type Stats struct {
 	TxErrors           uint64 // Send calls that failed (one per error returned)
 	TxGSOMessages      uint64 // UDP GSO super-packets sent (UDPOptions.GSO); their packets count in TxPackets
 	RxGROMessages      uint64 // coalesced datagrams received (UDPOptions.GRO) that held more than one packet
+	RxBusyPolls        uint64 // receives that found the socket empty and spun (UDPOptions.BusyPoll)
+	RxBusyPollHits     uint64 // of those, the ones that found data before the spin ended
 }
 
 // Errors returned by Send.
@@ -115,6 +117,7 @@ type counters struct {
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	rxICRC, rxMalformed, rxQueue, txErrors atomic.Uint64
 	txGSO, rxGRO                           atomic.Uint64
+	rxSpins, rxSpinHits                    atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -124,6 +127,7 @@ func (c *counters) snapshot() Stats {
 		RxICRCDrops: c.rxICRC.Load(), RxMalformedDrops: c.rxMalformed.Load(),
 		RxQueueDrops: c.rxQueue.Load(), TxErrors: c.txErrors.Load(),
 		TxGSOMessages: c.txGSO.Load(), RxGROMessages: c.rxGRO.Load(),
+		RxBusyPolls: c.rxSpins.Load(), RxBusyPollHits: c.rxSpinHits.Load(),
 	}
 }
 

@@ -186,3 +186,22 @@ func TestParseEncapIPv6Mapped(t *testing.T) {
 		})
 	}
 }
+
+// TestCRCSmallMatchesStdlib: the slicing-by-8 prefix CRC is hash/crc32's IEEE CRC for every
+// length and alignment the prefix can have, and any chained start value.
+func TestCRCSmallMatchesStdlib(t *testing.T) {
+	buf := make([]byte, 200)
+	for i := range buf {
+		buf[i] = byte(i*131 + i>>3)
+	}
+	for _, seed := range []uint32{0, lrhSeed, 0xDEADBEEF} {
+		for off := 0; off < 8; off++ {
+			for n := 0; n+off <= 120; n++ {
+				b := buf[off : off+n]
+				if got, want := crcSmall(seed, b), crc32.Update(seed, crc32.IEEETable, b); got != want {
+					t.Fatalf("seed %#x off %d len %d: %#x, want %#x", seed, off, n, got, want)
+				}
+			}
+		}
+	}
+}

@@ -381,7 +381,6 @@ func (c *cmState) process(out *cm.Outputs, now time.Duration, rx netip.AddrPort)
 
 // queueMAD lays out m as a UD SEND_ONLY to QP1 and queues it. dev.mu held.
 func (c *cmState) queueMAD(m *cm.OutMAD, rx netip.AddrPort) {
-	d := c.dev
 	var port uint16
 	switch rec := c.conns[m.Conn]; {
 	case rec != nil && m.Conn != 0:
@@ -391,6 +390,12 @@ func (c *cmState) queueMAD(m *cm.OutMAD, rx netip.AddrPort) {
 	default:
 		port = c.peerPort(m.Dst)
 	}
+	c.queueMADTo(m, port)
+}
+
+// queueMADTo lays out m as a UD SEND_ONLY to QP1 at UDP port port and queues it. dev.mu held.
+func (c *cmState) queueMADTo(m *cm.OutMAD, port uint16) {
+	d := c.dev
 	buf := make([]byte, wire.PacketLen(wire.UDSendOnly, wire.MADLen))
 	p, err := wire.LayoutMAD(buf, wire.PSN(c.madPSN), m.MAD[:])
 	if err != nil {

@@ -90,6 +90,8 @@ type Daemon struct {
 	failed     map[string]string // "transport/x", "target/x": why it is not running
 	ctl        *controlServer
 	metrics    *metricsServer
+	// connRec records the softroce connections for the next instance (connstate.go).
+	connRec *connRecorder
 
 	// budget is the admission control all targets share (config limits:).
 	budget *target.Budget
@@ -196,8 +198,10 @@ func (d *Daemon) Start(ctx context.Context, cfg *config.Config) error {
 		d.shutdownLocked(ctx)
 		return err
 	}
+	rec := d.startConnRecovery(cfg.Control.Socket)
 	d.mu.Lock()
 	d.cfg = cfg
+	d.connRec = rec
 	conns := make([]*connRT, 0, len(d.conns))
 	for _, c := range d.conns {
 		conns = append(conns, c)
@@ -618,6 +622,13 @@ func (d *Daemon) shutdownLocked(ctx context.Context) {
 	d.mu.Unlock()
 	for _, t := range trs {
 		t.Close(ctx)
+	}
+	d.mu.Lock()
+	rec := d.connRec
+	d.connRec = nil
+	d.mu.Unlock()
+	if rec != nil {
+		rec.close()
 	}
 	if ms != nil {
 		ms.close(ctx)

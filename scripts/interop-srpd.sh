@@ -9,6 +9,12 @@
 #       port ID $SRP_INTEROP_TARGET_PORT_ID (or id_ext ‖ ioc_guid) on RDMA CM port
 #       $SRP_INTEROP_PORT exporting a RAM LUN 0 ($SRPD_INTEROP_LUN_MIB MiB, default 64) to any
 #       initiator. srpd runs until the harness stops it (SIGTERM: srpd drains and exits).
+#   interop-srpd.sh target-restart DIR
+#       As target, but with a file LUN (DIR/lun0.img), and srpd is SIGKILLed while the kernel
+#       has written more than $SRPD_INTEROP_KILL_AFTER_BYTES (default 0; 8388608 lands in the
+#       harness' fio verify with SRP_INTEROP_FIO=1) and started again (what it acknowledged is
+#       in the file): the time
+#       until the kernel has logged in again is printed (RESTART: ... s after the SIGKILL).
 #   interop-srpd.sh initiator DIR
 #       A softroce transport on $SRP_INTEROP_ADDR and a session to $SRP_INTEROP_TARGET_ADDR port
 #       $SRP_INTEROP_PORT (the kernel's ib_srpt) whose LUN 0 srpd exports over NBD on DIR/lun0.nbd.
@@ -70,8 +76,13 @@ logging:
 CONF
 }
 
-case $ROLE in
-target)
+# target_conf [file]: the target role's configuration; with "file", LUN 0 is a file in DIR (it
+# must outlive a killed srpd), else RAM.
+target_conf() {
+  local lun="{id: 0, backend: ram, size: ${SRPD_INTEROP_LUN_MIB:-64}MiB}"
+  if [ "${1:-}" = file ]; then
+    lun="{id: 0, backend: file, path: $DIR/lun0.img, create: true, size: ${SRPD_INTEROP_LUN_MIB:-64}MiB}"
+  fi
   # keepalive_interval 200ms: idle channels are probed with zero-length RDMA WRITEs after
   # 50 ms of idleness, which the guest's rxe must acknowledge (else the channel is torn down and
   # the I/O fails); the capture then has them for tshark too.
@@ -81,7 +92,7 @@ targets:
     port_id: 0x$PORT_ID
     cm_port: $CM_PORT
     luns:
-      - {id: 0, backend: ram, size: ${SRPD_INTEROP_LUN_MIB:-64}MiB}
+      - $lun
     acls:
       - initiator: "*"
     limits:
@@ -89,8 +100,57 @@ targets:
 CONF
   } > "$CONF"
   say "srpd -c $CONF:"; sed 's/^/  /' "$CONF" >&2
+}
+
+# sessions_with_writes N: how many sessions srpd shows with more than N bytes written to them.
+sessions_with_writes() {
+  "$SRPCTL" --socket "$DIR/srpd.sock" --timeout 5s -o json session list 2>/dev/null |
+    grep -o '"write_bytes": *[0-9]*' | awk -F: -v n="$1" '$2 > n { k++ } END { print k + 0 }'
+}
+
+# sessions: how many sessions srpd shows.
+sessions() {
+  "$SRPCTL" --socket "$DIR/srpd.sock" --timeout 5s -o json session list 2>/dev/null | grep -c '"initiator"' || true
+}
+
+case $ROLE in
+target)
+  target_conf
   # The harness gives SIGTERM 5 s before SIGKILL: drain within 3 s.
   exec "$SRPD" -c "$CONF" --drain-timeout 3s
+  ;;
+target-restart)
+  # As target, but srpd is SIGKILLed once the kernel has written through its session and
+  # started again from the same configuration: its state file (beside the control socket)
+  # names the kernel's connections, and the new srpd sends each a DREQ, so ib_srp reconnects
+  # after its reconnect_delay (10 s by default) instead of through SCSI timeouts and resets
+  # (about 110 s). The guest's workload must pass across the outage.
+  [ -x "$SRPCTL" ] || die "target-restart needs srpctl ($SRPCTL)"
+  rm -f "$DIR/lun0.img"
+  target_conf file
+  "$SRPD" -c "$CONF" --drain-timeout 3s &
+  spid=$!
+  trap 'kill -TERM "$spid" 2>/dev/null || true; wait "$spid"; exit $?' TERM INT
+  for i in $(seq 1 1500); do
+    [ "$(sessions_with_writes "${SRPD_INTEROP_KILL_AFTER_BYTES:-0}")" -ge 1 ] && break
+    kill -0 "$spid" 2>/dev/null || die "srpd exited before the kernel wrote through it"
+    [ "$i" -lt 1500 ] || die "no session with writes after 300 s"
+    sleep 0.2
+  done
+  kill -KILL "$spid"
+  wait "$spid" 2>/dev/null || true
+  killed=$(date +%s.%N)
+  say "RESTART: srpd SIGKILLed during the kernel's I/O; starting it again"
+  "$SRPD" -c "$CONF" --drain-timeout 3s &
+  spid=$!
+  for i in $(seq 1 600); do
+    [ "$(sessions)" -ge 1 ] && break
+    kill -0 "$spid" 2>/dev/null || die "the restarted srpd exited"
+    [ "$i" -lt 600 ] || die "the kernel did not log in again within 120 s of the restart"
+    sleep 0.2
+  done
+  say "RESTART: the kernel logged in again $(awk -v a="$killed" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s after the SIGKILL"
+  wait "$spid"
   ;;
 initiator)
   need SRP_INTEROP_TARGET_ADDR

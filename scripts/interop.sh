@@ -4,6 +4,8 @@
 # out of the harness' SRP_INTEROP_* variables:
 #   kernel-initiator: the kernel's ib_srp logs in to srpd's target (a RAM LUN) and runs
 #                     checksummed I/O;
+#   kernel-initiator again with srpd SIGKILLed and restarted mid-I/O (fast recovery: DREQs from
+#                     the state file, ib_srp back after its reconnect_delay);
 #   kernel-target:    srpd logs in to the kernel's ib_srpt (LIO) with a session whose LUN 0 it
 #                     exports over NBD; nbdcheck writes/reads ranges through the export, which the
 #                     kernel target hashes in its own RAM disk.
@@ -63,5 +65,15 @@ run() {
 # The target's keepalive_interval is 200ms (see scripts/interop-srpd.sh), so the capture has
 # keep-alive probes the guest's rxe acknowledges.
 run kernel-initiator scripts/interop-srpd.sh target "$WORK/target"
+# Fast recovery: srpd SIGKILLed during the kernel's fio verify (after 8 MiB written) and started
+# again; its DREQs make ib_srp reconnect after reconnect_delay (10 s), and the checksummed I/O
+# and fio verify pass across the outage. fio in the guest needs fio on the host (.ci/run).
+if command -v fio >/dev/null; then
+  SRP_INTEROP_FIO=1 SRPD_INTEROP_KILL_AFTER_BYTES=8388608 run kernel-initiator scripts/interop-srpd.sh target-restart "$WORK/restart"
+else
+  echo "interop: restart run without fio verify (no fio on the host)" >&2
+  run kernel-initiator scripts/interop-srpd.sh target-restart "$WORK/restart"
+fi
+grep 'RESTART: the kernel logged in again' "$OUT/kernel-initiator/cmd.stderr" | sed 's/^interop-srpd: /interop: kernel-initiator (restart): /'
 run kernel-target scripts/interop-srpd.sh initiator "$WORK/initiator"
 echo "interop: PASS (both directions)"

@@ -110,6 +110,12 @@ func (r *RAM) Usage() (int64, int64, error) {
 	if r.closed.Load() {
 		return 0, 0, fmt.Errorf("backend ram: usage: %w", ErrClosed)
 	}
-	used := min(int64(r.allocatedChunks())<<ramChunkShift, r.size)
+	var used int64
+	for i := range r.chunks {
+		if r.chunks[i].Load() != nil {
+			start := int64(i) << ramChunkShift
+			used += min(start+ramChunkSize, r.size) - start
+		}
+	}
 	return used, r.size - used, nil
 }

@@ -20,6 +20,7 @@ const (
 	OpSynchronizeCache10 = 0x35
 	OpWriteSame10        = 0x41
 	OpUnmap              = 0x42
+	OpLogSense           = 0x4D
 	OpModeSelect10       = 0x55
 	OpModeSense10        = 0x5A
 	OpPersistentResvIn   = 0x5E
@@ -40,7 +41,10 @@ const (
 // Service actions.
 const (
 	SAReadCapacity16       = 0x10 // SERVICE ACTION IN(16)
+	SAGetLBAStatus         = 0x12 // SERVICE ACTION IN(16)
+	SAReportTargetPortGrps = 0x0A // MAINTENANCE IN
 	SAReportSupportedOpcds = 0x0C // MAINTENANCE IN
+	SAReportSupportedTMFs  = 0x0D // MAINTENANCE IN
 
 	// PERSISTENT RESERVE IN
 	PRInReadKeys          = 0x00
@@ -407,13 +411,35 @@ func (l *LUN) parse(cdb []byte, i *CDBInfo) Sense {
 		i.Dir, i.Length = DirOut, prOutParamListLen
 	case OpServiceActionIn16:
 		i.ServiceAction = cdb[1] & 0x1F
-		if i.ServiceAction != SAReadCapacity16 {
+		switch i.ServiceAction {
+		case SAReadCapacity16:
+			if cdb[14]&0x01 == 0 && be64(cdb[2:]) != 0 {
+				return invalidCDB(2, 7)
+			}
+		case SAGetLBAStatus:
+			i.cmd = lookupCmd(op, SAGetLBAStatus)
+			if cdb[14] != 0 { // REPORT TYPE (sbc4r15 5.8): only 0, all LBAs
+				return invalidCDB(14, 7)
+			}
+			i.LBA = be64(cdb[2:])
+			if i.LBA >= l.blocks {
+				return senseLBAOutOfRange
+			}
+		default:
 			return invalidCDB(1, 4)
 		}
-		if cdb[14]&0x01 == 0 && be64(cdb[2:]) != 0 {
-			return invalidCDB(2, 7)
-		}
 		i.Dir, i.Length = DirIn, be32(cdb[10:])
+	case OpLogSense:
+		if cdb[1]&0x01 != 0 { // SP: nothing is saved
+			return invalidCDB(1, 0)
+		}
+		if cdb[1]&0x02 != 0 { // PPC (obsolete)
+			return invalidCDB(1, 1)
+		}
+		if s := checkLogSenseCDB(cdb); s.Key != NoSense {
+			return s
+		}
+		i.Dir, i.Length = DirIn, be16(cdb[7:])
 	case OpReportLUNs:
 		switch cdb[2] {
 		case 0x00, 0x01, 0x02:
@@ -427,11 +453,29 @@ func (l *LUN) parse(cdb []byte, i *CDBInfo) Sense {
 		i.Dir = DirIn
 	case OpMaintenanceIn:
 		i.ServiceAction = cdb[1] & 0x1F
-		if i.ServiceAction != SAReportSupportedOpcds {
+		i.cmd = lookupCmd(op, i.ServiceAction)
+		if !l.supports(i.cmd) {
+			i.cmd = &commands[opIndex[op]-1]
 			return invalidCDB(1, 4)
 		}
-		if cdb[2]&0x07 > 3 {
-			return invalidCDB(2, 2)
+		switch i.ServiceAction {
+		case SAReportSupportedOpcds:
+			if cdb[2]&0x07 > 3 {
+				return invalidCDB(2, 2)
+			}
+		case SAReportTargetPortGrps:
+			switch cdb[1] >> 5 { // PARAMETER DATA FORMAT
+			case rtpgFormatLength:
+			case rtpgFormatExtended:
+				i.flag = true
+			default:
+				return invalidCDB(1, 7)
+			}
+		case SAReportSupportedTMFs:
+			i.flag = cdb[2]&0x80 != 0 // REPD
+			if be32(cdb[6:]) < 4 {    // spc4r37 6.40: an allocation length under 4 is invalid
+				return invalidCDB(6, 7)
+			}
 		}
 		i.Dir, i.Length = DirIn, be32(cdb[6:])
 	default:
@@ -473,7 +517,7 @@ func checkModeSenseCDB(cdb []byte) Sense {
 	}
 	page, sub := cdb[2]&0x3F, cdb[3]
 	switch page {
-	case modePageCaching, modePageControl, modePageInfoExceptions:
+	case modePageRWRecovery, modePageCaching, modePageControl, modePageInfoExceptions:
 		if sub != 0 {
 			return invalidCDB(3, 7)
 		}

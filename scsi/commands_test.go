@@ -184,7 +184,7 @@ func TestInquiry(t *testing.T) {
 		{name: "unsupported VPD page", cdb: cdbInquiry(true, 0x99, 255), want: badCDB(2, 7)},
 		{name: "VPD 00", cdb: cdbInquiry(true, 0x00, 255), in: 255, want: good(),
 			check: func(t *testing.T, d []byte, _ *LUN, _ *memBackend) {
-				if !bytes.Equal(d, []byte{0, 0, 0, 6, 0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2}) {
+				if !bytes.Equal(d, []byte{0, 0, 0, 7, 0x00, 0x80, 0x83, 0x86, 0xB0, 0xB1, 0xB2}) {
 					t.Fatalf("% x", d)
 				}
 			}},
@@ -654,11 +654,22 @@ func TestReportSupportedOpcodes(t *testing.T) {
 		}
 		return n
 	}
+	// Without ALUA, REPORT TARGET PORT GROUPS is not supported: one command fewer.
+	nALUA := 0
+	for i := range commands {
+		if commands[i].flags&cmdALUA != 0 {
+			nALUA++
+		}
+	}
+	if nALUA != 1 {
+		t.Fatalf("%d ALUA-only commands", nALUA)
+	}
+	nCmds := len(commands) - nALUA
 	runCases(t, []cmdCase{
 		{name: "all", cdb: cdbRSOC(false, 0, 0, 0, 4096), in: 4096, want: good(),
 			check: func(t *testing.T, d []byte, l *LUN, _ *memBackend) {
 				n := countSupported(l)
-				if int(binary.BigEndian.Uint32(d)) != 8*n || len(d) != 4+8*n || n != len(commands) {
+				if int(binary.BigEndian.Uint32(d)) != 8*n || len(d) != 4+8*n || n != nCmds {
 					t.Fatalf("length %d for %d commands", binary.BigEndian.Uint32(d), n)
 				}
 				found := false
@@ -666,8 +677,8 @@ func TestReportSupportedOpcodes(t *testing.T) {
 					if d[p] == OpRead16 && binary.BigEndian.Uint16(d[p+6:]) == 16 && d[p+5] == 0 {
 						found = true
 					}
-					if d[p] == OpServiceActionIn16 && (d[p+5] != 1 || d[p+3] != SAReadCapacity16) {
-						t.Fatalf("READ CAPACITY(16) descriptor % x", d[p:p+8])
+					if d[p] == OpServiceActionIn16 && (d[p+5] != 1 || d[p+3] != SAReadCapacity16 && d[p+3] != SAGetLBAStatus) {
+						t.Fatalf("SERVICE ACTION IN(16) descriptor % x", d[p:p+8])
 					}
 				}
 				if !found {
@@ -681,19 +692,19 @@ func TestReportSupportedOpcodes(t *testing.T) {
 						t.Fatal("UNMAP listed")
 					}
 				}
-				if len(d) != 4+8*(len(commands)-1) {
+				if len(d) != 4+8*(nCmds-1) {
 					t.Fatalf("length %d", len(d))
 				}
 			}},
 		{name: "all with timeouts", cdb: cdbRSOC(true, 0, 0, 0, 8192), in: 8192, want: good(),
 			check: func(t *testing.T, d []byte, _ *LUN, _ *memBackend) {
-				if len(d) != 4+20*len(commands) || d[4+5]&0x02 == 0 || binary.BigEndian.Uint16(d[4+8:]) != 0x0A {
+				if len(d) != 4+20*nCmds || d[4+5]&0x02 == 0 || binary.BigEndian.Uint16(d[4+8:]) != 0x0A {
 					t.Fatalf("length %d, first % x", len(d), d[4:24])
 				}
 			}},
 		{name: "all truncated", cdb: cdbRSOC(false, 0, 0, 0, 10), in: 4096, want: good(),
 			check: func(t *testing.T, d []byte, _ *LUN, _ *memBackend) {
-				if len(d) != 10 || int(binary.BigEndian.Uint32(d)) != 8*len(commands) {
+				if len(d) != 10 || int(binary.BigEndian.Uint32(d)) != 8*nCmds {
 					t.Fatalf("% x", d)
 				}
 			}},
@@ -723,7 +734,7 @@ func TestReportSupportedOpcodes(t *testing.T) {
 					t.Fatalf("% x", d)
 				}
 			}},
-		{name: "with SA, unsupported SA", cdb: cdbRSOC(false, 2, OpServiceActionIn16, 0x12, 64), in: 64, want: good(),
+		{name: "with SA, unsupported SA", cdb: cdbRSOC(false, 2, OpServiceActionIn16, 0x13, 64), in: 64, want: good(),
 			check: func(t *testing.T, d []byte, _ *LUN, _ *memBackend) {
 				if d[1] != 1 {
 					t.Fatalf("% x", d)
@@ -737,7 +748,9 @@ func TestReportSupportedOpcodes(t *testing.T) {
 				}
 			}},
 		{name: "reserved option", cdb: cdbRSOC(false, 5, 0, 0, 64), want: badCDB(2, 2)},
-		{name: "maintenance in, unknown SA", cdb: func() []byte { c := cdbRSOC(false, 0, 0, 0, 64); c[1] = 0x0A; return c }(),
+		{name: "maintenance in, unknown SA", cdb: func() []byte { c := cdbRSOC(false, 0, 0, 0, 64); c[1] = 0x05; return c }(),
+			want: badCDB(1, 4)},
+		{name: "maintenance in, RTPG without ALUA", cdb: func() []byte { c := cdbRSOC(false, 0, 0, 0, 64); c[1] = 0x0A; return c }(),
 			want: badCDB(1, 4)},
 	})
 }

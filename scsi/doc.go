@@ -5,12 +5,16 @@
 // # Commands
 //
 // TEST UNIT READY, REQUEST SENSE, INQUIRY (standard data; VPD pages 0x00, 0x80, 0x83 with a
-// stable NAA 6 identifier, 0xB0, 0xB1, 0xB2), REPORT LUNS, READ CAPACITY(10/16), READ and
+// stable NAA 6 identifier, or a configured one, and with ALUA the relative target port and
+// target port group, 0x86, 0xB0, 0xB1, 0xB2), REPORT LUNS, READ CAPACITY(10/16), READ and
 // WRITE(6/10/12/16) with FUA, VERIFY(10/16) with BYTCHK 0/1/3, SYNCHRONIZE CACHE(10/16),
-// MODE SENSE(6/10) and MODE SELECT(6/10) (caching page with a changeable WCE, control page with
-// a changeable D_SENSE, informational exceptions page), START STOP UNIT, UNMAP (when the
-// backend can discard), WRITE SAME(10/16) with UNMAP and NDOB, COMPARE AND WRITE, REPORT
-// SUPPORTED OPERATION CODES, PERSISTENT RESERVE IN (READ KEYS, READ RESERVATION, REPORT
+// MODE SENSE(6/10) and MODE SELECT(6/10) (read-write error recovery page, caching page with a
+// changeable WCE, control page with a changeable D_SENSE, informational exceptions page),
+// START STOP UNIT, UNMAP (when the backend can discard), WRITE SAME(10/16) with UNMAP and NDOB,
+// COMPARE AND WRITE, GET LBA STATUS and LOG SENSE (supported pages, logical block
+// provisioning), from the backend's backend.Allocation when it has one, REPORT SUPPORTED
+// OPERATION CODES, REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS, REPORT TARGET PORT GROUPS (with
+// ALUA), PERSISTENT RESERVE IN (READ KEYS, READ RESERVATION, REPORT
 // CAPABILITIES, READ FULL STATUS) and OUT (REGISTER, REGISTER AND IGNORE EXISTING KEY, RESERVE,
 // RELEASE, CLEAR, PREEMPT, PREEMPT AND ABORT; all six reservation types).
 //
@@ -64,5 +68,16 @@
 // after LUN.Reset, I_T NEXUS LOSS OCCURRED after NexusLost, MODE PARAMETERS CHANGED when
 // another nexus changed a mode page, REPORTED LUNS DATA HAS CHANGED when the set changed, and
 // RESERVATIONS PREEMPTED / RELEASED or REGISTRATIONS PREEMPTED as persistent reservation
-// changes affect it — each once.
+// changes affect it, and ASYMMETRIC ACCESS STATE CHANGED when LUN.SetALUAState changes the
+// state of the target port group it comes through — each once.
+//
+// # ALUA
+//
+// With LUNConfig.ALUA a LUN has target port groups (its own gateway's and others') with
+// implicit asymmetric access states. A command through a local port whose group is standby,
+// unavailable or transitioning gets NOT READY (04/0B, 04/0C, 04/0A) unless SPC-4 allows it in
+// that state (INQUIRY, REPORT LUNS, REQUEST SENSE, REPORT TARGET PORT GROUPS; in standby also
+// MODE SENSE/SELECT, LOG SENSE, READ CAPACITY, PERSISTENT RESERVE IN/OUT and the REPORT
+// SUPPORTED commands). The check comes after unit attention and before the CDB is judged (so
+// LUNSet.Parse may accept a CDB that Execute then refuses with NOT READY).
 package scsi

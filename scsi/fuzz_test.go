@@ -55,12 +55,22 @@ func fuzzSeeds() [][2][]byte {
 	add(cdbRSOC(false, 2, OpServiceActionIn16, SAReadCapacity16, 64), nil)
 	add(cdbRW12(OpRead12, 0, 1, false), nil)
 	add(cdbRW12(OpWrite12, 0, 1, false), blk)
+	add(cdbLogSense(0, 0x00, 0, 0, 255), nil)
+	add(cdbLogSense(1, 0x00, 0xFF, 0, 255), nil)
+	add(cdbLogSense(1, 0x0C, 0, 0, 255), nil)
+	add(cdbGetLBAStatus(0, 64), nil)
+	add(cdbRTPG(false, 255), nil)
+	add(cdbRTPG(true, 255), nil)
+	add(cdbRSTMF(false, 4), nil)
+	add(cdbRSTMF(true, 16), nil)
 	return seeds
 }
 
 func TestFuzzSeedsCoverEveryCommand(t *testing.T) {
 	seen := map[*cmdInfo]bool{}
-	l, _ := newTestLUN(t, testConfig())
+	cfg := testConfig()
+	cfg.ALUA = testALUA(ALUAActiveOptimized)
+	l, _ := newTestLUN(t, cfg)
 	for _, s := range fuzzSeeds() {
 		if i, err := l.ParseCDB(s[0]); err == nil {
 			seen[i.cmd] = true
@@ -79,6 +89,7 @@ func TestFuzzSeedsCoverEveryCommand(t *testing.T) {
 func FuzzExecute(f *testing.F) {
 	for _, s := range fuzzSeeds() {
 		f.Add(s[0], s[1], uint16(4096), uint8(0))
+		f.Add(s[0], s[1], uint16(4096), uint8(128)) // with ALUA
 	}
 	f.Fuzz(func(t *testing.T, cdb, out []byte, inLen uint16, opts uint8) {
 		fuzzbound.Run(t, func() {
@@ -97,6 +108,9 @@ func executeOne(cdb, out []byte, inLen uint16, opts uint8) error {
 		cfg.BlockSize = 4096
 	}
 	cfg.ReadOnly = opts&2 != 0
+	if opts&128 != 0 {
+		cfg.ALUA = testALUA(ALUAActiveOptimized)
+	}
 	bs := int64(cfg.BlockSize)
 	if bs == 0 {
 		bs = 512

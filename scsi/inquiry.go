@@ -6,7 +6,7 @@ import (
 )
 
 // VPD pages served by INQUIRY with EVPD=1, in the order page 0x00 lists them.
-var vpdPages = [...]uint8{0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2}
+var vpdPages = [...]uint8{0x00, 0x80, 0x83, 0x86, 0xB0, 0xB1, 0xB2}
 
 func vpdSupported(page uint8) bool {
 	for _, p := range vpdPages {
@@ -65,10 +65,13 @@ func (x *exec) inquiry() Status {
 	if !x.info.flag {
 		var b [stdInquiryLen]byte
 		fillStandardInquiry(b[:], 0x00, l.vendor[:], l.product[:], l.revision[:])
+		if l.alua != nil {
+			b[5] |= 0x10 // TPGS 01b: implicit asymmetric logical unit access only
+		}
 		return x.reply(b[:])
 	}
 	var b [256]byte
-	return x.reply(l.vpdPage(x.cdb[2], b[:]))
+	return x.reply(l.vpdPage(x.cdb[2], &x.cmd.Nexus, b[:]))
 }
 
 // fillStandardInquiry writes standard INQUIRY data with the given peripheral byte (0x00 for a
@@ -87,8 +90,8 @@ func fillStandardInquiry(b []byte, peripheral uint8, vendor, product, revision [
 	}
 }
 
-// vpdPage builds VPD page `page` into b and returns it.
-func (l *LUN) vpdPage(page uint8, b []byte) []byte {
+// vpdPage builds VPD page `page`, as seen through nexus nx, into b and returns it.
+func (l *LUN) vpdPage(page uint8, nx *Nexus, b []byte) []byte {
 	b[0] = 0x00 // peripheral qualifier 0, direct access block device
 	b[1] = page
 	n := 4
@@ -109,6 +112,11 @@ func (l *LUN) vpdPage(page uint8, b []byte) []byte {
 		m += copy(d[4+m:], l.serial)
 		d[3] = uint8(m)
 		n += 4 + m
+		n = l.appendPortDesignators(b, n, nx)
+	case 0x86: // Extended INQUIRY data (spc4r37 7.8.8), as LIO's spc_emulate_evpd_86
+		b[5] = 0x07 // HEADSUP, ORDSUP, SIMPSUP: the task attributes the task set implements
+		b[6] = 0x01 // V_SUP: a volatile write cache (WCE) that SYNCHRONIZE CACHE flushes
+		n = 64
 	case 0xB0: // Block limits
 		b[4] = 0x01 // WSNZ: WRITE SAME with NUMBER OF LOGICAL BLOCKS 0 is not supported
 		b[5] = l.maxCAW

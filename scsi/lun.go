@@ -51,6 +51,19 @@ type LUNConfig struct {
 	DeviceID [16]byte
 	// CompanyID is the 24-bit IEEE company ID of the NAA 6 identifier (DefaultCompanyID if 0).
 	CompanyID uint32
+	// NAA, when not zero, is the logical unit's NAA designator in VPD page 0x83 as is: a
+	// 16-byte NAA IEEE Registered Extended identifier (its first nibble must be 6). Gateways
+	// that export one logical unit (a shared image) through their own target ports set the
+	// same NAA on each, so that initiators see one logical unit with several paths. Zero: it
+	// is derived from DeviceID or Serial (see LUN.NAA).
+	NAA [16]byte
+	// ALUA, if set, gives the LUN target port groups and asymmetric access states.
+	ALUA *ALUAConfig
+	// Allocation, if set, tells which blocks are mapped (GET LBA STATUS, the logical block
+	// provisioning log page) when the backend does not itself implement
+	// backend.Allocation — e.g. because it is wrapped. Nil: the backend's, if it has it;
+	// otherwise every block reports mapped.
+	Allocation backend.Allocation
 	// DisableWriteCache starts the LUN with WCE=0 (every write flushed before status). The
 	// initiator may change WCE with MODE SELECT either way.
 	DisableWriteCache bool
@@ -87,6 +100,8 @@ type LUN struct {
 	revision     [4]byte
 	serial       string
 	naa          [16]byte
+	alua         *alua              // nil: no ALUA
+	alloc        backend.Allocation // nil: everything is mapped
 
 	defaultWCE bool
 	wce        atomic.Bool // caching page WCE
@@ -163,6 +178,23 @@ func NewLUN(cfg LUNConfig, be backend.Backend) (*LUN, error) {
 		return nil, fmt.Errorf("scsi: company ID 0x%x is wider than 24 bits", cid)
 	}
 	l.naa = deriveNAA(cid, cfg.DeviceID, cfg.Serial)
+	if cfg.NAA != ([16]byte{}) {
+		if cfg.NAA[0]>>4 != 6 {
+			return nil, fmt.Errorf("scsi: NAA designator %x: must be NAA 6 (IEEE Registered Extended, first hex digit 6)", cfg.NAA[:])
+		}
+		l.naa = cfg.NAA
+	}
+	if cfg.ALUA != nil {
+		a, err := newALUA(cfg.ALUA)
+		if err != nil {
+			return nil, err
+		}
+		l.alua = a
+	}
+	l.alloc = cfg.Allocation
+	if l.alloc == nil {
+		l.alloc, _ = be.(backend.Allocation)
+	}
 
 	l.maxXfer = cfg.MaxTransferLength
 	if l.maxXfer == 0 {
@@ -442,7 +474,8 @@ func (x *exec) result(st Status) Result {
 }
 
 // run performs the checks every command goes through, in this order: write protection of the
-// nexus (Command.WriteProtected), unit attention, CDB validity, NOT READY, reservation
+// nexus (Command.WriteProtected), unit attention, the ALUA state of the nexus's target port
+// (before the CDB is judged, as LIO's target_alua_state_check), CDB validity, NOT READY, reservation
 // conflict, write protection of the LUN, data-out length; then the command itself. The CDB is
 // parsed only if LUNSet.Parse did not parse it already (parsing has no side effects, so doing
 // it before the unit attention check changes no outcome).
@@ -468,6 +501,9 @@ func (x *exec) run() Status {
 		if c, ok := l.ua.take(&cmd.Nexus); ok {
 			return x.check(c.sense())
 		}
+	}
+	if as, refused := l.aluaRefusal(&cmd.Nexus, x.cdb); refused {
+		return x.check(as)
 	}
 	if s.Key != NoSense {
 		return x.check(s)
@@ -508,7 +544,12 @@ func (x *exec) run() Status {
 	case OpReadCapacity10:
 		return x.readCapacity10()
 	case OpServiceActionIn16:
+		if x.info.ServiceAction == SAGetLBAStatus {
+			return x.getLBAStatus()
+		}
 		return x.readCapacity16()
+	case OpLogSense:
+		return x.logSense()
 	case OpRead6, OpRead10, OpRead12, OpRead16:
 		return x.read()
 	case OpWrite6, OpWrite10, OpWrite12, OpWrite16:
@@ -531,6 +572,12 @@ func (x *exec) run() Status {
 		l.ua.remove(&cmd.Nexus, uaReportedLUNsChange)
 		return x.reportLUNs(nil)
 	case OpMaintenanceIn:
+		switch x.info.ServiceAction {
+		case SAReportTargetPortGrps:
+			return x.reportTargetPortGroups()
+		case SAReportSupportedTMFs:
+			return x.reportSupportedTMFs()
+		}
 		return x.reportSupportedOpcodes()
 	}
 	return x.check(senseInvalidOpcode)
@@ -575,11 +622,14 @@ func (x *exec) startStopUnit() Status {
 }
 
 // requestSense is REQUEST SENSE (SPC-4 6.29): a pending unit attention (which it clears), NOT
-// READY while stopped, or NO SENSE.
+// READY while the nexus's target port is standby, unavailable or transitioning (the sense the
+// other commands get) or while stopped, or NO SENSE.
 func (x *exec) requestSense() Status {
 	var s Sense
 	if c, ok := x.l.ua.take(&x.cmd.Nexus); ok {
 		s = c.sense()
+	} else if as, ok := x.l.aluaNotReady(&x.cmd.Nexus); ok {
+		s = as
 	} else if x.l.stopped.Load() {
 		s = senseNotReadyStopped
 	}

@@ -8,6 +8,7 @@ import (
 // Mode pages (SPC-4 7.5, SBC-3 6.4). Only WCE (caching page) and D_SENSE (control page) are
 // changeable; nothing can be saved.
 const (
+	modePageRWRecovery     = 0x01
 	modePageCaching        = 0x08
 	modePageControl        = 0x0A
 	modePageInfoExceptions = 0x1C
@@ -24,6 +25,13 @@ const (
 // default values) into b and returns its length, or 0 for a page we do not have.
 func (l *LUN) modePage(code, pc uint8, b []byte) int {
 	switch code {
+	case modePageRWRecovery:
+		// Read-write error recovery (sbc4r15 6.5.9): all zero and nothing changeable, as LIO's
+		// spc_modesense_rwrecovery — no retries to tune, errors are reported as they happen.
+		b = b[:12]
+		clear(b)
+		b[0], b[1] = modePageRWRecovery, 0x0A
+		return 12
 	case modePageCaching:
 		b = b[:20]
 		clear(b)
@@ -72,7 +80,7 @@ func (x *exec) modeSense() Status {
 	l, cdb := x.l, x.cdb
 	ten := cdb[0] == OpModeSense10
 	pc, page := cdb[2]>>6, cdb[2]&0x3F
-	var b [8 + 16 + 3*maxModePageLen]byte
+	var b [8 + 16 + 4*maxModePageLen]byte
 	hdr := 4
 	if ten {
 		hdr = 8
@@ -92,7 +100,7 @@ func (x *exec) modeSense() Status {
 	}
 	bdl := n - hdr
 	if page == modePageAll {
-		for _, p := range [...]uint8{modePageCaching, modePageControl, modePageInfoExceptions} {
+		for _, p := range [...]uint8{modePageRWRecovery, modePageCaching, modePageControl, modePageInfoExceptions} {
 			n += l.modePage(p, pc, b[n:])
 		}
 	} else {

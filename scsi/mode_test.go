@@ -54,14 +54,14 @@ func TestModeSense(t *testing.T) {
 			}},
 		{name: "6 all pages", cdb: cdbModeSense6(true, 0, 0x3F, 0, 255), in: 255, want: good(),
 			check: func(t *testing.T, d []byte, _ *LUN, _ *memBackend) {
-				if len(d) != 4+20+12+12 || d[4] != 0x08 || d[24] != 0x0A || d[36] != 0x1C {
+				if len(d) != 4+12+20+12+12 || d[4] != 0x01 || d[16] != 0x08 || d[36] != 0x0A || d[48] != 0x1C {
 					t.Fatalf("% x", d)
 				}
 			}},
 		{name: "6 all pages and subpages", cdb: cdbModeSense6(true, 0, 0x3F, 0xFF, 255), in: 255, want: good()},
 		{name: "6 changeable", cdb: cdbModeSense6(true, 1, 0x3F, 0, 255), in: 255, want: good(),
 			check: func(t *testing.T, d []byte, _ *LUN, _ *memBackend) {
-				if d[6] != 0x04 || d[26] != 0x04 || d[27] != 0 || d[38] != 0 {
+				if d[6] != 0 || d[18] != 0x04 || d[38] != 0x04 || d[39] != 0 || d[50] != 0 {
 					t.Fatalf("% x", d)
 				}
 			}},
@@ -74,7 +74,7 @@ func TestModeSense(t *testing.T) {
 			}},
 		{name: "6 allocation length", cdb: cdbModeSense6(false, 0, 0x3F, 0, 10), in: 255, want: good(),
 			check: func(t *testing.T, d []byte, _ *LUN, _ *memBackend) {
-				if len(d) != 10 || d[0] != 4+8+44-1 {
+				if len(d) != 10 || d[0] != 4+8+56-1 {
 					t.Fatalf("% x", d)
 				}
 			}},
@@ -96,7 +96,7 @@ func TestModeSense(t *testing.T) {
 			}},
 		{name: "saved values", cdb: cdbModeSense6(false, 3, 0x08, 0, 255), want: sk(IllegalRequest, 0x39, 0)},
 		{name: "unsupported page", cdb: cdbModeSense6(false, 0, 0x19, 0, 255), want: badCDB(2, 5)},
-		{name: "10 unsupported page", cdb: cdbModeSense10(false, false, 0, 0x01, 0, 255), want: badCDB(2, 5)},
+		{name: "10 unsupported page", cdb: cdbModeSense10(false, false, 0, 0x02, 0, 255), want: badCDB(2, 5)},
 		{name: "unsupported subpage", cdb: cdbModeSense6(false, 0, 0x0A, 1, 255), want: badCDB(3, 7)},
 		{name: "all pages, bad subpage", cdb: cdbModeSense10(false, false, 0, 0x3F, 1, 255), want: badCDB(3, 7)},
 	})

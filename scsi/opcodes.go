@@ -22,6 +22,13 @@ const (
 	cmdWrite                        // modifies the medium: DATA PROTECT on a read-only LUN
 	cmdDiscard                      // exists only when the backend can discard (UNMAP)
 	cmdNoUA                         // does not report unit attention (INQUIRY, REPORT LUNS, REQUEST SENSE)
+	cmdALUA                         // exists only on a LUN with ALUA (REPORT TARGET PORT GROUPS)
+	// cmdStandbyOK and cmdUnavailableOK: allowed through a target port in the ALUA standby, and
+	// in the unavailable or transitioning, state (see LUN.aluaRefusal).
+	cmdStandbyOK
+	cmdUnavailableOK
+
+	cmdAnyALUAState = cmdStandbyOK | cmdUnavailableOK
 )
 
 // prClass is how a command fares under a persistent reservation held by another I_T nexus
@@ -42,21 +49,21 @@ const (
 var commands = [...]cmdInfo{
 	{op: OpTestUnitReady, name: "TEST UNIT READY", flags: cmdMedia, pr: prAllowed,
 		usage: []byte{0x00, 0, 0, 0, 0, 0x04}},
-	{op: OpRequestSense, name: "REQUEST SENSE", flags: cmdNoUA, pr: prAllowed,
+	{op: OpRequestSense, name: "REQUEST SENSE", flags: cmdNoUA | cmdAnyALUAState, pr: prAllowed,
 		usage: []byte{0x03, 0x01, 0, 0, 0xFF, 0x04}},
 	{op: OpRead6, name: "READ(6)", flags: cmdMedia, pr: prRead,
 		usage: []byte{0x08, 0x1F, 0xFF, 0xFF, 0xFF, 0x04}},
 	{op: OpWrite6, name: "WRITE(6)", flags: cmdMedia | cmdWrite, pr: prWrite,
 		usage: []byte{0x0A, 0x1F, 0xFF, 0xFF, 0xFF, 0x04}},
-	{op: OpInquiry, name: "INQUIRY", flags: cmdNoUA, pr: prAllowed,
+	{op: OpInquiry, name: "INQUIRY", flags: cmdNoUA | cmdAnyALUAState, pr: prAllowed,
 		usage: []byte{0x12, 0x03, 0xFF, 0xFF, 0xFF, 0x04}},
-	{op: OpModeSelect6, name: "MODE SELECT(6)", pr: prWrite,
+	{op: OpModeSelect6, name: "MODE SELECT(6)", flags: cmdStandbyOK, pr: prWrite,
 		usage: []byte{0x15, 0x11, 0, 0, 0xFF, 0x04}},
-	{op: OpModeSense6, name: "MODE SENSE(6)", pr: prInfo,
+	{op: OpModeSense6, name: "MODE SENSE(6)", flags: cmdStandbyOK, pr: prInfo,
 		usage: []byte{0x1A, 0x08, 0xFF, 0xFF, 0xFF, 0x04}},
 	{op: OpStartStopUnit, name: "START STOP UNIT", pr: prStartStop,
 		usage: []byte{0x1B, 0x01, 0, 0, 0xF7, 0x04}},
-	{op: OpReadCapacity10, name: "READ CAPACITY(10)", flags: cmdMedia, pr: prAllowed,
+	{op: OpReadCapacity10, name: "READ CAPACITY(10)", flags: cmdMedia | cmdStandbyOK, pr: prAllowed,
 		usage: []byte{0x25, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0x01, 0x04}},
 	{op: OpRead10, name: "READ(10)", flags: cmdMedia, pr: prRead,
 		usage: []byte{0x28, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0xFF, 0xFF, 0x04}},
@@ -70,31 +77,33 @@ var commands = [...]cmdInfo{
 		usage: []byte{0x41, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0xFF, 0xFF, 0x04}},
 	{op: OpUnmap, name: "UNMAP", flags: cmdMedia | cmdWrite | cmdDiscard, pr: prWrite,
 		usage: []byte{0x42, 0x01, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0x04}},
-	{op: OpModeSelect10, name: "MODE SELECT(10)", pr: prWrite,
+	{op: OpLogSense, name: "LOG SENSE", flags: cmdStandbyOK, pr: prAllowed,
+		usage: []byte{0x4D, 0x01, 0xFF, 0xFF, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
+	{op: OpModeSelect10, name: "MODE SELECT(10)", flags: cmdStandbyOK, pr: prWrite,
 		usage: []byte{0x55, 0x11, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0x04}},
-	{op: OpModeSense10, name: "MODE SENSE(10)", pr: prInfo,
+	{op: OpModeSense10, name: "MODE SENSE(10)", flags: cmdStandbyOK, pr: prInfo,
 		usage: []byte{0x5A, 0x18, 0xFF, 0xFF, 0, 0, 0, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvIn, sa: PRInReadKeys, hasSA: true, name: "PERSISTENT RESERVE IN (READ KEYS)",
+	{op: OpPersistentResvIn, sa: PRInReadKeys, hasSA: true, name: "PERSISTENT RESERVE IN (READ KEYS)", flags: cmdStandbyOK,
 		pr: prAllowed, usage: []byte{0x5E, 0x1F, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvIn, sa: PRInReadReservation, hasSA: true, name: "PERSISTENT RESERVE IN (READ RESERVATION)",
+	{op: OpPersistentResvIn, sa: PRInReadReservation, hasSA: true, name: "PERSISTENT RESERVE IN (READ RESERVATION)", flags: cmdStandbyOK,
 		pr: prAllowed, usage: []byte{0x5E, 0x1F, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvIn, sa: PRInReportCapabilites, hasSA: true, name: "PERSISTENT RESERVE IN (REPORT CAPABILITIES)",
+	{op: OpPersistentResvIn, sa: PRInReportCapabilites, hasSA: true, name: "PERSISTENT RESERVE IN (REPORT CAPABILITIES)", flags: cmdStandbyOK,
 		pr: prAllowed, usage: []byte{0x5E, 0x1F, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvIn, sa: PRInReadFullStatus, hasSA: true, name: "PERSISTENT RESERVE IN (READ FULL STATUS)",
+	{op: OpPersistentResvIn, sa: PRInReadFullStatus, hasSA: true, name: "PERSISTENT RESERVE IN (READ FULL STATUS)", flags: cmdStandbyOK,
 		pr: prAllowed, usage: []byte{0x5E, 0x1F, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvOut, sa: PROutRegister, hasSA: true, name: "PERSISTENT RESERVE OUT (REGISTER)",
+	{op: OpPersistentResvOut, sa: PROutRegister, hasSA: true, name: "PERSISTENT RESERVE OUT (REGISTER)", flags: cmdStandbyOK,
 		pr: prOut, usage: []byte{0x5F, 0x1F, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvOut, sa: PROutReserve, hasSA: true, name: "PERSISTENT RESERVE OUT (RESERVE)",
+	{op: OpPersistentResvOut, sa: PROutReserve, hasSA: true, name: "PERSISTENT RESERVE OUT (RESERVE)", flags: cmdStandbyOK,
 		pr: prOut, usage: []byte{0x5F, 0x1F, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvOut, sa: PROutRelease, hasSA: true, name: "PERSISTENT RESERVE OUT (RELEASE)",
+	{op: OpPersistentResvOut, sa: PROutRelease, hasSA: true, name: "PERSISTENT RESERVE OUT (RELEASE)", flags: cmdStandbyOK,
 		pr: prOut, usage: []byte{0x5F, 0x1F, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvOut, sa: PROutClear, hasSA: true, name: "PERSISTENT RESERVE OUT (CLEAR)",
+	{op: OpPersistentResvOut, sa: PROutClear, hasSA: true, name: "PERSISTENT RESERVE OUT (CLEAR)", flags: cmdStandbyOK,
 		pr: prOut, usage: []byte{0x5F, 0x1F, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvOut, sa: PROutPreempt, hasSA: true, name: "PERSISTENT RESERVE OUT (PREEMPT)",
+	{op: OpPersistentResvOut, sa: PROutPreempt, hasSA: true, name: "PERSISTENT RESERVE OUT (PREEMPT)", flags: cmdStandbyOK,
 		pr: prOut, usage: []byte{0x5F, 0x1F, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvOut, sa: PROutPreemptAndAbort, hasSA: true, name: "PERSISTENT RESERVE OUT (PREEMPT AND ABORT)",
+	{op: OpPersistentResvOut, sa: PROutPreemptAndAbort, hasSA: true, name: "PERSISTENT RESERVE OUT (PREEMPT AND ABORT)", flags: cmdStandbyOK,
 		pr: prOut, usage: []byte{0x5F, 0x1F, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvOut, sa: PROutRegisterAndIgnore, hasSA: true, name: "PERSISTENT RESERVE OUT (REGISTER AND IGNORE EXISTING KEY)",
+	{op: OpPersistentResvOut, sa: PROutRegisterAndIgnore, hasSA: true, name: "PERSISTENT RESERVE OUT (REGISTER AND IGNORE EXISTING KEY)", flags: cmdStandbyOK,
 		pr: prOut, usage: []byte{0x5F, 0x1F, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
 	{op: OpRead16, name: "READ(16)", flags: cmdMedia, pr: prRead,
 		usage: []byte{0x88, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04}},
@@ -108,12 +117,21 @@ var commands = [...]cmdInfo{
 		usage: []byte{0x91, 0x02, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04}},
 	{op: OpWriteSame16, name: "WRITE SAME(16)", flags: cmdMedia | cmdWrite, pr: prWrite,
 		usage: []byte{0x93, 0xF9, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04}},
-	{op: OpServiceActionIn16, sa: SAReadCapacity16, hasSA: true, name: "READ CAPACITY(16)", flags: cmdMedia, pr: prAllowed,
+	{op: OpServiceActionIn16, sa: SAReadCapacity16, hasSA: true, name: "READ CAPACITY(16)", flags: cmdMedia | cmdStandbyOK, pr: prAllowed,
 		usage: []byte{0x9E, 0x1F, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01, 0x04}},
-	{op: OpReportLUNs, name: "REPORT LUNS", flags: cmdNoUA, pr: prAllowed,
+	{op: OpServiceActionIn16, sa: SAGetLBAStatus, hasSA: true, name: "GET LBA STATUS", flags: cmdMedia, pr: prRead,
+		usage: []byte{0x9E, 0x1F, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04}},
+	{op: OpReportLUNs, name: "REPORT LUNS", flags: cmdNoUA | cmdAnyALUAState, pr: prAllowed,
 		usage: []byte{0xA0, 0, 0xFF, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04}},
-	{op: OpMaintenanceIn, sa: SAReportSupportedOpcds, hasSA: true, name: "REPORT SUPPORTED OPERATION CODES", pr: prInfo,
+	{op: OpMaintenanceIn, sa: SAReportTargetPortGrps, hasSA: true, name: "REPORT TARGET PORT GROUPS",
+		flags: cmdALUA | cmdAnyALUAState, pr: prAllowed,
+		usage: []byte{0xA3, 0xFF, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04}},
+	{op: OpMaintenanceIn, sa: SAReportSupportedOpcds, hasSA: true, name: "REPORT SUPPORTED OPERATION CODES",
+		flags: cmdStandbyOK, pr: prInfo,
 		usage: []byte{0xA3, 0x1F, 0x87, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04}},
+	{op: OpMaintenanceIn, sa: SAReportSupportedTMFs, hasSA: true, name: "REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS",
+		flags: cmdStandbyOK, pr: prAllowed,
+		usage: []byte{0xA3, 0x1F, 0x80, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04}},
 	{op: OpRead12, name: "READ(12)", flags: cmdMedia, pr: prRead,
 		usage: []byte{0xA8, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04}},
 	{op: OpWrite12, name: "WRITE(12)", flags: cmdMedia | cmdWrite, pr: prWrite,
@@ -142,9 +160,10 @@ func lookupCmd(op, sa uint8) *cmdInfo {
 	return nil
 }
 
-// supports reports whether this LUN implements c (UNMAP needs a backend that can discard).
+// supports reports whether this LUN implements c (UNMAP needs a backend that can discard,
+// REPORT TARGET PORT GROUPS an ALUA configuration).
 func (l *LUN) supports(c *cmdInfo) bool {
-	return c != nil && (c.flags&cmdDiscard == 0 || l.canUnmap)
+	return c != nil && (c.flags&cmdDiscard == 0 || l.canUnmap) && (c.flags&cmdALUA == 0 || l.alua != nil)
 }
 
 const rsocTimeoutsLen = 12

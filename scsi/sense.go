@@ -314,6 +314,11 @@ var (
 	senseNotReadyStopped   = Sense{Key: NotReady, ASC: 0x04, ASCQ: 0x02}
 	senseNotReady          = Sense{Key: NotReady, ASC: 0x04, ASCQ: 0x00}
 	senseFlushFailed       = Sense{Key: MediumError, ASC: 0x0C}
+	// LOGICAL UNIT NOT ACCESSIBLE, ASYMMETRIC ACCESS STATE TRANSITION / TARGET PORT IN
+	// STANDBY STATE / TARGET PORT IN UNAVAILABLE STATE
+	senseALUATransitioning = Sense{Key: NotReady, ASC: 0x04, ASCQ: 0x0A}
+	senseALUAStandby       = Sense{Key: NotReady, ASC: 0x04, ASCQ: 0x0B}
+	senseALUAUnavailable   = Sense{Key: NotReady, ASC: 0x04, ASCQ: 0x0C}
 )
 
 // invalidCDB is INVALID FIELD IN CDB (24/00) pointing at CDB byte b, bit bit (bit < 0: no bit).
@@ -361,6 +366,7 @@ const (
 	uaReservationsPreemp uaCode = 0x2A03 // RESERVATIONS PREEMPTED
 	uaReservationsRel    uaCode = 0x2A04 // RESERVATIONS RELEASED
 	uaRegistrationsPreem uaCode = 0x2A05 // REGISTRATIONS PREEMPTED
+	uaAccessStateChanged uaCode = 0x2A06 // ASYMMETRIC ACCESS STATE CHANGED
 	uaReportedLUNsChange uaCode = 0x3F0E // REPORTED LUNS DATA HAS CHANGED
 )
 
@@ -376,6 +382,12 @@ func ascString(asc, ascq uint8) string {
 		return "LOGICAL UNIT NOT READY, CAUSE NOT REPORTABLE"
 	case 0x0402:
 		return "LOGICAL UNIT NOT READY, INITIALIZING COMMAND REQUIRED"
+	case 0x040A:
+		return "LOGICAL UNIT NOT ACCESSIBLE, ASYMMETRIC ACCESS STATE TRANSITION"
+	case 0x040B:
+		return "LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE"
+	case 0x040C:
+		return "LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN UNAVAILABLE STATE"
 	case 0x0C00:
 		return "WRITE ERROR"
 	case 0x1100:
@@ -412,6 +424,8 @@ func ascString(asc, ascq uint8) string {
 		return "RESERVATIONS RELEASED"
 	case 0x2A05:
 		return "REGISTRATIONS PREEMPTED"
+	case 0x2A06:
+		return "ASYMMETRIC ACCESS STATE CHANGED"
 	case 0x3900:
 		return "SAVING PARAMETERS NOT SUPPORTED"
 	case 0x3F0E:

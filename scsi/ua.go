@@ -132,3 +132,14 @@ func (u *uaTable) establishAll(c uaCode, except *Nexus) {
 	}
 	u.mu.Unlock()
 }
+
+// establishWhere queues c for every known nexus that match selects.
+func (u *uaTable) establishWhere(c uaCode, match func(*Nexus) bool) {
+	u.mu.Lock()
+	for k, s := range *u.snap.Load() {
+		if match(&k) {
+			s.push(c)
+		}
+	}
+	u.mu.Unlock()
+}

@@ -123,6 +123,8 @@ type envOpts struct {
 	defACL  func(luns []*scsi.LUN) *ACL
 	mtu     transport.MTU
 	verbose bool
+	// lunConfig, if set, adjusts LUN i's configuration before it is created.
+	lunConfig func(i int, c *scsi.LUNConfig)
 	// The LUNs' backends: gates (default; the target treats them as blocking, LUN workers),
 	// plain RAM (inline execution), or gates marked nonblocking (inline execution).
 	plainRAM, fastGates bool
@@ -191,7 +193,11 @@ func newEnv(t testing.TB, o envOpts) *env {
 		case o.fastGates:
 			be = fastGate{g}
 		}
-		l, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: testBlock, Serial: fmt.Sprintf("tgt-test-%d", i)}, be)
+		lc := scsi.LUNConfig{BlockSize: testBlock, Serial: fmt.Sprintf("tgt-test-%d", i)}
+		if o.lunConfig != nil {
+			o.lunConfig(i, &lc)
+		}
+		l, err := scsi.NewLUN(lc, be)
 		if err != nil {
 			t.Fatal(err)
 		}

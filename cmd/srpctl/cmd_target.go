@@ -78,6 +78,7 @@ func newTargetCmd(a *app) *cobra.Command {
 		},
 		newTargetCreateCmd(a),
 		newTargetDeleteCmd(a),
+		newTargetALUACmd(a),
 	)
 }
 

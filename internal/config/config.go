@@ -153,6 +153,8 @@ type Target struct {
 	// ACL with initiator "*" admits every initiator no other ACL names.
 	ACLs   []ACL  `yaml:"acls,omitempty" json:"acls,omitempty"`
 	Limits Limits `yaml:"limits" json:"limits"`
+	// ALUA, if set, puts the target's port in a target port group (see ALUA).
+	ALUA *ALUA `yaml:"alua,omitempty" json:"alua,omitempty"`
 }
 
 // LUN is one logical unit of a target and its backend.
@@ -183,6 +185,13 @@ type LUN struct {
 	// also seeds the LUN's NAA identifier, so keep it stable. Empty: the daemon derives one
 	// from the target's port ID and the LUN ID.
 	Serial string `yaml:"serial,omitempty" json:"serial,omitempty"`
+	// NAA is the logical unit's NAA designator in VPD page 0x83 (32 hex digits starting with
+	// 6), which multipath initiators match paths by: gateways exporting one image give it the
+	// same value. Omitted: derived from the serial, or for rbd from the image's
+	// pool/namespace/image, which every gateway of one cluster derives alike.
+	NAA string `yaml:"naa,omitempty" json:"naa,omitempty"`
+	// ALUAStates override, for this LUN, the states of the target's ALUA groups (alua).
+	ALUAStates []ALUAGroupState `yaml:"alua_states,omitempty" json:"alua_states,omitempty"`
 	// RBD (rbd, required there) names the Ceph RBD image and how to reach its cluster. The
 	// image must exist; its size is the LUN's capacity.
 	RBD *RBD `yaml:"rbd,omitempty" json:"rbd,omitempty"`

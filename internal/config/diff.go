@@ -169,13 +169,24 @@ func Diff(old, new *Config) *Changeset {
 }
 
 func diffTarget(a, b *Target) TargetDiff {
-	return TargetDiff{
+	td := TargetDiff{
 		Name: b.Name,
 		Settings: a.Transport != b.Transport || a.PortID != b.PortID || !slices.Equal(a.Listen, b.Listen) ||
 			a.CMPort != b.CMPort || !reflect.DeepEqual(a.Limits, b.Limits),
 		LUNs: diffKeyed(a.LUNs, b.LUNs, func(l *LUN) int { return l.ID }, deepEqual[LUN]),
 		ACLs: diffKeyed(a.ACLs, b.ACLs, func(x *ACL) string { return x.Initiator.String() }, deepEqual[ACL]),
 	}
+	if !reflect.DeepEqual(a.ALUA, b.ALUA) {
+		// The LUNs were created with the old target port groups: all of them are opened
+		// again with the new ones.
+		td.Settings = true
+		for _, l := range b.LUNs {
+			if !slices.Contains(td.LUNs.Added, l.ID) && !slices.Contains(td.LUNs.Changed, l.ID) {
+				td.LUNs.Changed = append(td.LUNs.Changed, l.ID)
+			}
+		}
+	}
+	return td
 }
 
 // recheckSymlinkLUNs lists as changed the LUNs of t that follow symlinks: their real paths,

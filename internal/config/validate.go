@@ -525,10 +525,12 @@ func (v *validator) target(p string, t *Target) {
 		}
 	}
 	v.limits(join(p, "limits"), &t.Limits)
+	v.targetALUA(p, t)
 }
 
 func (v *validator) lun(p string, l *LUN) {
 	v.rng(join(p, "id"), int64(l.ID), 0, MaxLUNID, "")
+	v.lunALUA(p, l)
 	blockOK := l.BlockSize == 512 || l.BlockSize == 4096
 	if !blockOK {
 		v.errorf(join(p, "block_size"), ErrInvalid, "%d must be 512 or 4096", l.BlockSize)

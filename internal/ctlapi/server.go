@@ -43,6 +43,8 @@ func Handler(svc Service) http.Handler {
 		{"GET /v1/targets/{target}/acls", nil, h.listACLs},
 		{"POST /v1/targets/{target}/acls", []string{"persist"}, h.addACL},
 		{"DELETE /v1/targets/{target}/acls/{initiator}", []string{"persist"}, h.removeACL},
+		{"GET /v1/targets/{target}/alua", nil, h.getALUA},
+		{"POST /v1/targets/{target}/alua", nil, h.setALUA},
 		{"GET /v1/sessions", []string{"target"}, h.listSessions},
 		{"GET /v1/sessions/{id}", nil, h.getSession},
 		{"DELETE /v1/sessions/{id}", nil, h.killSession},

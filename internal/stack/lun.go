@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"crypto/sha256"
 	"fmt"
 
 	"github.com/srpd/srpd/internal/config"
@@ -57,20 +58,111 @@ func OpenLUN(t *config.Target, l config.LUN, o LUNOptions) (*LUN, error) {
 	if err != nil {
 		return nil, fmt.Errorf("target %s: LUN %d: %w", t.Name, l.ID, err)
 	}
-	serial := l.Serial
-	if serial == "" {
-		serial = DefaultSerial(t.PortID, l.ID)
+	lc, err := lunIdentity(t, &l)
+	if err != nil {
+		_ = be.Close()
+		return nil, fmt.Errorf("target %s: LUN %d: %w", t.Name, l.ID, err)
 	}
+	lc.BlockSize, lc.ReadOnly = l.BlockSize, l.ReadOnly
+	lc.Allocation, _ = be.(backend.Allocation) // before Wrap hides it
 	capacity := be.Size()
 	if o.Wrap != nil {
 		be = o.Wrap(be)
 	}
-	lun, err := scsi.NewLUN(scsi.LUNConfig{BlockSize: l.BlockSize, ReadOnly: l.ReadOnly, Serial: serial}, be)
+	lun, err := scsi.NewLUN(lc, be)
 	if err != nil {
 		_ = be.Close()
 		return nil, fmt.Errorf("target %s: LUN %d: %w", t.Name, l.ID, err)
 	}
 	return &LUN{Config: l, SCSI: lun, Capacity: capacity}, nil
+}
+
+// lunIdentity is the identity and ALUA part of LUN l's scsi configuration: the serial (l's,
+// else DefaultSerial, else for rbd none: the image's DeviceID in hex), the NAA (l's naa, else
+// derived: for rbd from the image's pool/namespace/image, so that every gateway of the cluster
+// exporting it reports the same logical unit), and the target's ALUA groups with the LUN's
+// own states.
+func lunIdentity(t *config.Target, l *config.LUN) (scsi.LUNConfig, error) {
+	var lc scsi.LUNConfig
+	lc.Serial = l.Serial
+	switch {
+	case l.Backend == config.BackendRBD && l.RBD != nil:
+		lc.DeviceID = RBDDeviceID(l.RBD)
+	case lc.Serial == "":
+		lc.Serial = DefaultSerial(t.PortID, l.ID)
+	}
+	if l.NAA != "" {
+		naa, err := config.ParseNAA(l.NAA)
+		if err != nil {
+			return lc, fmt.Errorf("naa %w: %w", err, ctlapi.ErrInvalidArgument)
+		}
+		lc.NAA = naa
+	}
+	a, err := ALUAConfig(t, l)
+	if err != nil {
+		return lc, err
+	}
+	lc.ALUA = a
+	return lc, nil
+}
+
+// RBDDeviceID is the stable identity of an RBD image: the first 16 bytes of SHA-256 over
+// "srpd-rbd-v1", the pool, the namespace and the image name. It does not name the cluster:
+// two clusters' images of the same spec exported to one initiator need a naa of their own.
+func RBDDeviceID(r *config.RBD) [16]byte {
+	h := sha256.New()
+	for _, s := range []string{"srpd-rbd-v1", r.Pool, r.Namespace, r.Image} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	var id [16]byte
+	copy(id[:], h.Sum(nil))
+	return id
+}
+
+// ALUAConfig is the scsi ALUA configuration of LUN l of target t (nil when t has no alua):
+// the target's group with its port (t.PortID, as the target package puts it in every
+// nexus) and the peers' groups, in their configured states overridden by l.ALUAStates.
+func ALUAConfig(t *config.Target, l *config.LUN) (*scsi.ALUAConfig, error) {
+	a := t.ALUA
+	if a == nil {
+		return nil, nil
+	}
+	state := func(group int, s string) (scsi.ALUAState, error) {
+		for _, o := range l.ALUAStates {
+			if o.Group == group {
+				s = o.State
+			}
+		}
+		if s == "" {
+			return scsi.ALUAActiveOptimized, nil
+		}
+		st, err := scsi.ParseALUAState(s)
+		if err != nil {
+			return 0, fmt.Errorf("alua: %w: %w", err, ctlapi.ErrInvalidArgument)
+		}
+		return st, nil
+	}
+	st, err := state(a.Group, a.State)
+	if err != nil {
+		return nil, err
+	}
+	c := &scsi.ALUAConfig{
+		Groups: []scsi.PortGroup{{ID: uint16(a.Group), State: st, RelativePorts: []uint16{uint16(a.RelativePort)}}},
+		Ports:  []scsi.TargetPort{{ID: t.PortID.SRP(), RelativeID: uint16(a.RelativePort)}},
+	}
+	for _, p := range a.Peers {
+		st, err := state(p.Group, p.State)
+		if err != nil {
+			return nil, err
+		}
+		g := scsi.PortGroup{ID: uint16(p.Group), State: st}
+		for _, r := range p.RelativePorts {
+			g.RelativePorts = append(g.RelativePorts, uint16(r))
+		}
+		c.Groups = append(c.Groups, g)
+	}
+	return c, nil
 }
 
 // Close flushes and closes the logical unit and its backend.

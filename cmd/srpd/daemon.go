@@ -38,7 +38,7 @@ const startTimeout = 2 * time.Minute
 func daemonUsage(fs *flag.FlagSet, w io.Writer) func() {
 	return func() {
 		fmt.Fprintln(w, `usage: srpd -c FILE [flags]     run the daemon (see configs/srpd.reference.yaml)
-       srpd -c FILE --check       validate FILE and exit
+       srpd -c FILE --check       validate FILE (- for standard input) and exit
        srpd demo [flags]          target and initiator over softroce on loopback, verified I/O
 
 flags:`)
@@ -59,11 +59,32 @@ func printConfigError(w io.Writer, err error) {
 	fmt.Fprintf(w, "srpd: %v\n", err)
 }
 
-func daemonMain(args []string, stdout, stderr io.Writer, lookup func(string) (string, bool)) int {
+// checkStdin is `srpd --check -c -`: the configuration read from standard input, validated.
+func checkStdin(stdin io.Reader, stdout, stderr io.Writer) int {
+	data, err := io.ReadAll(io.LimitReader(stdin, config.MaxFileSize+1))
+	if err != nil {
+		fmt.Fprintf(stderr, "srpd: reading standard input: %v\n", err)
+		return exitFailed
+	}
+	if len(data) > config.MaxFileSize {
+		fmt.Fprintf(stderr, "srpd: standard input: larger than %d bytes\n", config.MaxFileSize)
+		return exitFailed
+	}
+	cfg, err := config.Parse("<stdin>", data)
+	if err != nil {
+		printConfigError(stderr, err)
+		return exitFailed
+	}
+	fmt.Fprintf(stdout, "<stdin>: configuration OK (%d transport(s), %d target(s), %d session(s))\n",
+		len(cfg.Transports), len(cfg.Targets), len(cfg.Sessions))
+	return exitOK
+}
+
+func daemonMain(args []string, stdin io.Reader, stdout, stderr io.Writer, lookup func(string) (string, bool)) int {
 	fs := flag.NewFlagSet("srpd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = daemonUsage(fs, stderr)
-	cfgPath := fs.String("c", "", "configuration file (YAML), e.g. /etc/srpd/srpd.yaml")
+	cfgPath := fs.String("c", "", "configuration file (YAML), e.g. /etc/srpd/srpd.yaml; - reads standard input (with --check)")
 	check := fs.Bool("check", false, "validate the configuration file and exit")
 	logFormat := fs.String("log-format", "", "log format: auto (console on a terminal, json otherwise), json or console (default: logging.format of the file)")
 	logLevel := fs.String("log-level", "", "log level: debug, info, warn or error (default: logging.level of the file)")
@@ -109,6 +130,15 @@ func daemonMain(args []string, stdout, stderr io.Writer, lookup func(string) (st
 		fixedLevel = &lv
 	}
 
+	if *cfgPath == "-" {
+		// Standard input only for --check: a running srpd re-reads its file on reload and
+		// writes it on --persist.
+		if !*check {
+			fmt.Fprintln(stderr, "srpd: -c - (standard input) is for --check only; the daemon needs a file it can reload")
+			return exitUsage
+		}
+		return checkStdin(stdin, stdout, stderr)
+	}
 	cfg, err := config.Load(*cfgPath)
 	if err != nil {
 		printConfigError(stderr, err)

@@ -1,7 +1,7 @@
 // Command srpd is the srpd daemon: SRP targets and initiator sessions over RoCEv2.
 //
 //	srpd -c /etc/srpd/srpd.yaml [--log-format auto|json|console] [--log-level LEVEL]
-//	srpd -c FILE --check        # validate the file and exit
+//	srpd -c FILE --check        # validate the file (- for standard input) and exit
 //	srpd demo [flags]           # target and initiator in one process over softroce, verified I/O
 //
 // The daemon (internal/daemon) runs the targets and initiator sessions of its configuration,
@@ -34,7 +34,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "demo" {
 		return demoMain(args, stdout, stderr)
 	}
-	return daemonMain(args, stdout, stderr, os.LookupEnv)
+	return daemonMain(args, os.Stdin, stdout, stderr, os.LookupEnv)
 }
 
 // demoMain runs `srpd demo`: target and initiator in one process, every byte verified.

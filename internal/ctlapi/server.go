@@ -52,7 +52,9 @@ func Handler(svc Service) http.Handler {
 		{"POST /v1/connections", []string{"persist"}, h.connect},
 		{"GET /v1/connections/{name}", nil, h.getConnection},
 		{"DELETE /v1/connections/{name}", []string{"persist"}, h.disconnect},
-		{"POST /v1/reload", nil, h.reload},
+		{"POST /v1/reload", []string{"dry_run", "refuse_discard"}, h.reload},
+		{"GET /v1/config", nil, h.runningConfig},
+		{"POST /v1/config/save", []string{"force"}, h.saveConfig},
 	} {
 		h.mux.Handle(r.pattern, route(r.query, r.fn))
 	}
@@ -462,8 +464,21 @@ func (h *handler) disconnect(w http.ResponseWriter, r *http.Request, q query) er
 	return noContent(w, h.svc.Disconnect(r.Context(), name, opts))
 }
 
-func (h *handler) reload(w http.ResponseWriter, r *http.Request, _ query) error {
-	res, err := h.svc.Reload(r.Context())
+func (h *handler) reload(w http.ResponseWriter, r *http.Request, q query) error {
+	opts, err := reloadOptions(q)
+	if err != nil {
+		return err
+	}
+	var res *ReloadResult
+	if opts == (ReloadOptions{}) {
+		res, err = h.svc.Reload(r.Context())
+	} else {
+		s, serr := h.configService()
+		if serr != nil {
+			return serr
+		}
+		res, err = s.ReloadWith(r.Context(), opts)
+	}
 	if res != nil && res.Changes == nil {
 		res.Changes = []string{}
 	}

@@ -204,11 +204,16 @@ type ConnectionInfo struct {
 	Config config.Session `json:"config"`
 }
 
-// ReloadResult tells what a reload changed.
+// ReloadResult tells what a reload changed (or, with DryRun, would change).
 type ReloadResult struct {
 	// Changes has one line per change ("target demo: LUN 1 added"); empty: nothing changed.
 	Changes []string          `json:"changes"`
 	Diff    *config.Changeset `json:"diff,omitempty"`
+	// DryRun: nothing was applied (ReloadOptions.DryRun).
+	DryRun bool `json:"dry_run,omitempty"`
+	// Discarded has one line per run-time change (made without --persist) that the reload
+	// undoes, or would undo; set by daemons that implement ConfigService.
+	Discarded []string `json:"discarded,omitempty"`
 }
 
 // List bodies: lists are wrapped in an object so that fields can be added later.

@@ -82,8 +82,10 @@ type Daemon struct {
 	opMu     sync.Mutex
 	stopping atomic.Bool
 
-	mu         sync.RWMutex
-	cfg        *config.Config
+	mu  sync.RWMutex
+	cfg *config.Config
+	// loaded is the configuration file as srpd last read or wrote it (configsvc.go).
+	loaded     *config.Config
 	transports map[string]*stack.Transport
 	targets    map[string]*targetRT
 	conns      map[string]*connRT
@@ -101,6 +103,9 @@ type Daemon struct {
 
 	// openVerbs opens kernel verbs devices (nil: the engine's); tests stand in for it.
 	openVerbs func(name string, cfg verbs.Config) (transport.Device, error)
+	// writeConfigFile writes the configuration file (nil: config.AtomicWrite); tests make it
+	// fail.
+	writeConfigFile func(path string, data []byte, perm os.FileMode) error
 }
 
 // New returns a daemon that runs nothing yet.
@@ -118,7 +123,7 @@ func New(opts Options) *Daemon {
 			opts.RunDirs = strings.Split(rd, ":")
 		}
 	}
-	return &Daemon{opts: opts, log: log, version: v, cfg: emptyConfig(),
+	return &Daemon{opts: opts, log: log, version: v, cfg: emptyConfig(), loaded: emptyConfig(),
 		transports: map[string]*stack.Transport{}, targets: map[string]*targetRT{}, conns: map[string]*connRT{},
 		failed: map[string]string{}, budget: target.NewBudget(stack.BudgetConfig(&config.GlobalLimits{}))}
 }
@@ -201,6 +206,7 @@ func (d *Daemon) Start(ctx context.Context, cfg *config.Config) error {
 	rec := d.startConnRecovery(cfg.Control.Socket)
 	d.mu.Lock()
 	d.cfg = cfg
+	d.loaded = cfg.Clone()
 	d.connRec = rec
 	conns := make([]*connRT, 0, len(d.conns))
 	for _, c := range d.conns {
@@ -479,16 +485,39 @@ func (d *Daemon) noteStartLocked(errs []error, key string, err error) []error {
 // Reload re-reads the configuration file and applies the difference (SIGHUP and POST
 // /v1/reload). An invalid file changes nothing and is returned (a config.ErrorList). Objects
 // that fail to start stay in state error; the others run the new configuration.
+// Run-time changes made without --persist that the reload undoes are logged (a warning each)
+// and listed in the result.
 func (d *Daemon) Reload(ctx context.Context) (*ctlapi.ReloadResult, error) {
+	return d.reload(ctx, ctlapi.ReloadOptions{})
+}
+
+// reload is Reload, or with opts.DryRun what it would do, or with opts.RefuseDiscard a
+// reload that undoes no run-time change (ErrConflict if it would).
+func (d *Daemon) reload(ctx context.Context, opts ctlapi.ReloadOptions) (*ctlapi.ReloadResult, error) {
 	d.opMu.Lock()
 	defer d.opMu.Unlock()
 	if d.stopping.Load() {
 		return nil, fmt.Errorf("srpd is shutting down: %w", ctlapi.ErrUnavailable)
 	}
+	next, err := config.Load(d.opts.ConfigPath)
+	var preview *config.ReloadPreview
+	if err == nil {
+		d.mu.RLock()
+		preview = config.PreviewReload(d.loaded, d.cfg, next)
+		d.mu.RUnlock()
+		if opts.DryRun {
+			return &ctlapi.ReloadResult{DryRun: true, Changes: preview.Changes.Summary(), Diff: preview.Changes,
+				Discarded: preview.Discarded.Summary()}, nil
+		}
+		if opts.RefuseDiscard && !preview.Discarded.Empty() {
+			return nil, discardError(preview)
+		}
+	} else if opts.DryRun {
+		return nil, err
+	}
 	n := d.opts.Notifier
 	_ = n.Reloading("reloading " + d.opts.ConfigPath)
 	d.reloads.Add(1)
-	next, err := config.Load(d.opts.ConfigPath)
 	if err != nil {
 		d.reloadFailures.Add(1)
 		d.log.Error("reload: the configuration file is invalid; nothing changed", zap.String("config", d.opts.ConfigPath), zap.Error(err))
@@ -502,8 +531,12 @@ func (d *Daemon) Reload(ctx context.Context) (*ctlapi.ReloadResult, error) {
 	aerr := d.apply(ctx, old, next)
 	d.mu.Lock()
 	d.cfg = next
+	d.loaded = next.Clone()
 	d.mu.Unlock()
-	res := &ctlapi.ReloadResult{Changes: diff.Summary(), Diff: diff}
+	res := &ctlapi.ReloadResult{Changes: diff.Summary(), Diff: diff, Discarded: preview.Discarded.Summary()}
+	for _, l := range res.Discarded {
+		d.log.Warn("reload discarded a run-time change made without --persist", zap.String("change", l))
+	}
 	d.logChanges(res.Changes)
 	if aerr != nil {
 		d.reloadFailures.Add(1)
@@ -517,7 +550,8 @@ func (d *Daemon) Reload(ctx context.Context) (*ctlapi.ReloadResult, error) {
 }
 
 // mutate applies an API change: fn edits a copy of the running configuration, which is
-// validated, applied, and with persist saved to the configuration file. On any failure what
+// validated and applied; with persist fn also edits what the configuration file holds, which
+// is written back keeping its comments and layout (preparePersist). On any failure what
 // runs goes back to the previous configuration and the error is returned.
 func (d *Daemon) mutate(ctx context.Context, persist bool, fn func(c *config.Config) error, after func(*config.Config) error) error {
 	d.opMu.Lock()
@@ -536,6 +570,15 @@ func (d *Daemon) mutate(ctx context.Context, persist bool, fn func(c *config.Con
 	if err := next.Validate(); err != nil {
 		return err
 	}
+	var persistFile func() error
+	if persist {
+		// Before anything changes: a change the file cannot take is refused whole.
+		w, err := d.preparePersist(old, next, fn)
+		if err != nil {
+			return err
+		}
+		persistFile = w
+	}
 	revert := func(why error) error {
 		if rerr := d.apply(context.WithoutCancel(ctx), next, old); rerr != nil {
 			d.log.Error("restoring the previous configuration after a failed change", zap.Error(rerr))
@@ -550,8 +593,8 @@ func (d *Daemon) mutate(ctx context.Context, persist bool, fn func(c *config.Con
 			return revert(err)
 		}
 	}
-	if persist {
-		if err := config.Save(d.opts.ConfigPath, next, 0o640); err != nil {
+	if persistFile != nil {
+		if err := persistFile(); err != nil {
 			return revert(fmt.Errorf("the change was not applied: persisting it failed: %w", err))
 		}
 	}

@@ -227,11 +227,11 @@ func TestServiceInProcess(t *testing.T) {
 		t.Fatalf("persisted ACL: %v", err)
 	}
 	h.d.opMu.Lock()
-	h.d.opts.ConfigPath = filepath.Join(h.dir, "gone", "srpd.yaml") // a directory that does not exist
+	h.d.writeConfigFile = func(string, []byte, os.FileMode) error { return errors.New("disk full") }
 	h.d.opMu.Unlock()
 	if _, err := h.c.AddLUN(h.ctx(), "b", config.LUN{ID: 2, Backend: config.BackendRAM, Size: 1 << 20, BlockSize: 512},
 		ctlapi.MutateOptions{Persist: true}); err == nil || !strings.Contains(err.Error(), "persisting it failed") {
-		t.Fatalf("persist into a missing directory: %v", err)
+		t.Fatalf("persist whose write fails: %v", err)
 	}
 	if h.d.Config().Target("b").LUN(2) != nil {
 		t.Fatal("a change whose persist failed stayed")
@@ -239,6 +239,23 @@ func TestServiceInProcess(t *testing.T) {
 	if ls, _ := h.c.ListLUNs(h.ctx(), "b"); len(ls) != 1 {
 		t.Fatalf("LUNs of b after the rollback: %+v", ls)
 	}
+	h.d.opMu.Lock()
+	h.d.writeConfigFile = nil
+	realPath := h.d.opts.ConfigPath
+	h.d.opts.ConfigPath = filepath.Join(h.dir, "gone", "srpd.yaml") // a file that does not exist
+	h.d.opMu.Unlock()
+	// Persisting into a missing file would make it hold this change alone: refused, before
+	// anything is applied.
+	if _, err := h.c.AddLUN(h.ctx(), "b", config.LUN{ID: 2, Backend: config.BackendRAM, Size: 1 << 20, BlockSize: 512},
+		ctlapi.MutateOptions{Persist: true}); !errors.Is(err, ctlapi.ErrConflict) || !strings.Contains(err.Error(), "no such file") {
+		t.Fatalf("persist into a missing file: %v", err)
+	}
+	if h.d.Config().Target("b").LUN(2) != nil {
+		t.Fatal("a change refused for its persist was applied")
+	}
+	h.d.opMu.Lock()
+	h.d.opts.ConfigPath = realPath
+	h.d.opMu.Unlock()
 
 	// Metrics.
 	var b bytes.Buffer

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
 	"github.com/srpd/srpd/internal/config"
+	"github.com/srpd/srpd/internal/ctlapi"
 )
 
 // validateResult is `config validate -o json`.
@@ -90,7 +92,175 @@ back with every default spelled out.`,
 		},
 	}
 	validate.Flags().BoolVar(&print, "print", false, "print the configuration with its defaults applied")
-	return newGroup("config", "Work with configuration files", validate)
+	return newGroup("config", "Work with configuration files and srpd's running configuration",
+		validate, newConfigShowCmd(a), newConfigSaveCmd(a), newConfigDiffCmd(a))
+}
+
+func newConfigShowCmd(a *app) *cobra.Command {
+	var full bool
+	cmd := &cobra.Command{
+		Use:   "show [--full]",
+		Short: "Print srpd's running configuration as YAML (only what differs from the defaults)",
+		Long: `Print the configuration srpd runs now, run-time changes included, as YAML that srpd -c
+accepts: only the settings that differ from the defaults, so that a file made from it does
+not freeze today's defaults (--full writes every setting). -o json prints the API's answer:
+the file's path, the configuration with every default, and the run-time changes that are not
+in the file.`,
+		Example: `  srpctl config show
+  srpctl config show | srpd --check -c -`,
+		Args: args(0),
+		RunE: query(a, func(ctx context.Context, c *ctlapi.Client, _ []string) (*ctlapi.ConfigInfo, error) {
+			return c.RunningConfig(ctx)
+		}, func(info *ctlapi.ConfigInfo) error {
+			marshal := config.MarshalMinimal
+			if full {
+				marshal = config.Marshal
+			}
+			out, err := marshal(info.Config)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "# srpd's running configuration (%s)", info.Path)
+			if n := len(info.Unsaved); n > 0 {
+				fmt.Fprintf(a.stdout, "; %d run-time change(s) not in the file", n)
+			}
+			fmt.Fprintln(a.stdout)
+			_, err = a.stdout.Write(out)
+			return err
+		}),
+	}
+	cmd.Flags().BoolVar(&full, "full", false, "write every setting, defaults included")
+	return cmd
+}
+
+func newConfigSaveCmd(a *app) *cobra.Command {
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "save [--force]",
+		Short: "Write srpd's running configuration to its configuration file",
+		Long: `Write the running configuration, run-time changes made without --persist included, to
+srpd's configuration file (the file of srpd -c), so that a reload or restart keeps them. The
+file is edited, not regenerated: its comments, order and layout stay, changed values are
+replaced in place, new objects are written with only their non-default settings. The write
+is atomic (a temporary file in the same directory, fsync, rename) and keeps the file's mode
+and owner.
+
+If the file was edited since srpd last read or wrote it, saving would overwrite those edits:
+srpctl refuses (exit 6) and names them; reload first, or --force to overwrite them.`,
+		Example: "  srpctl config save",
+		Args:    args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+				res, err := c.SaveConfig(ctx, ctlapi.SaveOptions{Force: force})
+				if err != nil {
+					return err
+				}
+				if a.json() {
+					return a.printJSON(res)
+				}
+				if len(res.Changes) == 0 {
+					fmt.Fprintf(a.stdout, "%s already holds the running configuration\n", res.Path)
+					return nil
+				}
+				fmt.Fprintf(a.stdout, "%s saved (%d bytes):\n", res.Path, res.Bytes)
+				for _, l := range res.Changes {
+					fmt.Fprintln(a.stdout, "  "+l)
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&force, "force", false, "overwrite edits of the file that srpd has not loaded")
+	return cmd
+}
+
+func newConfigDiffCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "diff",
+		Short: "Show what a reload would change, and which run-time changes it would discard",
+		Long: `Compare srpd's configuration file with what runs (like srpctl reload --dry-run): the
+objects (transports, targets, LUNs, ACLs, sessions) and sections a reload would add, remove
+or change, by name, and the run-time changes made without --persist that it would discard.
+Nothing changes.`,
+		Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.reloadPreview(cmd) },
+	}
+}
+
+func (a *app) reloadPreview(cmd *cobra.Command) error {
+	return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+		res, err := c.ReloadWith(ctx, ctlapi.ReloadOptions{DryRun: true})
+		if err != nil {
+			return err
+		}
+		if a.json() {
+			return a.printJSON(res)
+		}
+		a.printReload(res, "a reload would change nothing", "a reload would:")
+		return nil
+	})
+}
+
+// printReload prints the changes of a reload (or a dry run) and what it discards.
+func (a *app) printReload(res *ctlapi.ReloadResult, none, some string) {
+	if len(res.Changes) == 0 {
+		fmt.Fprintln(a.stdout, none)
+	} else {
+		fmt.Fprintln(a.stdout, some)
+		for _, ch := range res.Changes {
+			fmt.Fprintln(a.stdout, "  "+ch)
+		}
+	}
+	if len(res.Discarded) > 0 {
+		verb := "discarded"
+		if res.DryRun {
+			verb = "would discard"
+		}
+		fmt.Fprintf(a.stdout, "run-time changes made without --persist it %s (srpctl config save keeps them):\n", verb)
+		for _, ch := range res.Discarded {
+			fmt.Fprintln(a.stdout, "  "+ch)
+		}
+	}
+}
+
+func newReloadCmd(a *app) *cobra.Command {
+	var dryRun, force bool
+	cmd := &cobra.Command{
+		Use:   "reload [--dry-run] [--force]",
+		Short: "Make srpd re-read its configuration file and apply what changed (like SIGHUP)",
+		Long: `Make srpd re-read its configuration file and apply the difference, as SIGHUP (systemctl
+reload srpd) does.
+
+A reload makes srpd run what the file says, so it discards the changes made at run time
+without --persist to the objects the file sets otherwise. srpctl reload refuses that
+(exit 6, nothing changes) and lists those changes: save them first with srpctl config save,
+or pass --force to discard them. SIGHUP and systemctl reload cannot ask: they reload, and srpd
+logs a warning for each run-time change discarded.
+
+--dry-run only shows what the reload would change and discard (as srpctl config diff).`,
+		Example: `  srpctl reload --dry-run
+  srpctl config save && srpctl reload`,
+		Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dryRun {
+				return a.reloadPreview(cmd)
+			}
+			return a.call(cmd, func(ctx context.Context, c *ctlapi.Client) error {
+				res, err := c.ReloadWith(ctx, ctlapi.ReloadOptions{RefuseDiscard: !force})
+				if err != nil {
+					return err
+				}
+				if a.json() {
+					return a.printJSON(res)
+				}
+				a.printReload(res, "configuration reloaded: no changes", "configuration reloaded:")
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "only show what the reload would change and discard")
+	cmd.Flags().BoolVar(&force, "force", false, "reload even if that discards run-time changes made without --persist")
+	return cmd
 }
 
 // silentError carries an exit code without printing anything more (the output already says

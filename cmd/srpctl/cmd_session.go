@@ -310,23 +310,3 @@ func (a *app) printRemoteLUNs(ls []ctlapi.RemoteLUN) {
 	tw.Flush()
 }
 
-func newReloadCmd(a *app) *cobra.Command {
-	return &cobra.Command{
-		Use:   "reload",
-		Short: "Make srpd re-read its configuration file and apply what changed (like SIGHUP)",
-		Args:  args(0),
-		RunE: query(a, func(ctx context.Context, c *ctlapi.Client, _ []string) (*ctlapi.ReloadResult, error) {
-			return c.Reload(ctx)
-		}, func(res *ctlapi.ReloadResult) error {
-			if len(res.Changes) == 0 {
-				fmt.Fprintln(a.stdout, "configuration reloaded: no changes")
-				return nil
-			}
-			fmt.Fprintln(a.stdout, "configuration reloaded:")
-			for _, ch := range res.Changes {
-				fmt.Fprintln(a.stdout, "  "+ch)
-			}
-			return nil
-		}),
-	}
-}

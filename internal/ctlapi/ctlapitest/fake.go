@@ -46,8 +46,10 @@ type Fake struct {
 	sessions []ctlapi.SessionInfo
 	// Persisted receives a copy of the configuration on every persisting call.
 	persisted []*config.Config
-	// reloadFrom is what Reload reads.
+	// reloadFrom is what Reload reads: the configuration file (nil: loaded).
 	reloadFrom *config.Config
+	// loaded is the file as the Fake last read or wrote it (ConfigService).
+	loaded *config.Config
 	// errs makes the named method fail (keys are Service method names).
 	errs map[string]error
 }
@@ -59,10 +61,16 @@ func NewFake(cfg *config.Config) *Fake {
 	}
 	cfg = cfg.Clone()
 	cfg.SetDefaults()
-	return &Fake{cfg: cfg, started: time.Unix(1700000000, 0).UTC(), errs: map[string]error{}}
+	return &Fake{cfg: cfg, loaded: cfg.Clone(), started: time.Unix(1700000000, 0).UTC(), errs: map[string]error{}}
 }
 
-var _ ctlapi.Service = (*Fake)(nil)
+var (
+	_ ctlapi.Service       = (*Fake)(nil)
+	_ ctlapi.ConfigService = (*Fake)(nil)
+)
+
+// FakeConfigPath is the configuration file a Fake reports.
+const FakeConfigPath = "/etc/srpd/srpd.yaml"
 
 // Config returns a copy of the running configuration.
 func (f *Fake) Config() *config.Config {
@@ -78,7 +86,8 @@ func (f *Fake) Persisted() []*config.Config {
 	return slices.Clone(f.persisted)
 }
 
-// SetReloadSource sets the configuration Reload switches to.
+// SetReloadSource sets the configuration Reload switches to: what the file holds now
+// (without it, the configuration the Fake started with or last persisted).
 func (f *Fake) SetReloadSource(c *config.Config) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -120,8 +129,64 @@ func (f *Fake) mutate(method string, persist bool, fn func(c *config.Config) err
 	f.cfg = next
 	if persist {
 		f.persisted = append(f.persisted, next.Clone())
+		f.loaded = next.Clone()
 	}
 	return nil
+}
+
+// file is what the configuration file holds (f.mu held).
+func (f *Fake) file() *config.Config {
+	c := f.loaded
+	if f.reloadFrom != nil {
+		c = f.reloadFrom
+	}
+	c = c.Clone()
+	c.SetDefaults()
+	return c
+}
+
+// RunningConfig implements ctlapi.ConfigService.
+func (f *Fake) RunningConfig(context.Context) (*ctlapi.ConfigInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.fail("RunningConfig"); err != nil {
+		return nil, err
+	}
+	return &ctlapi.ConfigInfo{Path: FakeConfigPath, Config: f.cfg.Clone(), Unsaved: config.Diff(f.loaded, f.cfg).Summary()}, nil
+}
+
+// SaveConfig implements ctlapi.ConfigService: the running configuration becomes the file's.
+func (f *Fake) SaveConfig(_ context.Context, opts ctlapi.SaveOptions) (*ctlapi.SaveResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.fail("SaveConfig"); err != nil {
+		return nil, err
+	}
+	file := f.file()
+	if edits := config.Diff(f.loaded, file); !edits.Empty() && !opts.Force {
+		return nil, fmt.Errorf("the file has edits not loaded: %w", ctlapi.ErrConflict)
+	}
+	res := &ctlapi.SaveResult{Path: FakeConfigPath, Changes: config.Diff(file, f.cfg).Summary()}
+	if out, err := config.MarshalMinimal(f.cfg); err == nil {
+		res.Bytes = len(out)
+	}
+	f.loaded, f.reloadFrom = f.cfg.Clone(), nil
+	f.persisted = append(f.persisted, f.cfg.Clone())
+	return res, nil
+}
+
+// ReloadWith implements ctlapi.ConfigService.
+func (f *Fake) ReloadWith(ctx context.Context, opts ctlapi.ReloadOptions) (*ctlapi.ReloadResult, error) {
+	f.mu.Lock()
+	p := config.PreviewReload(f.loaded, f.cfg, f.file())
+	f.mu.Unlock()
+	if opts.DryRun {
+		return &ctlapi.ReloadResult{DryRun: true, Changes: p.Changes.Summary(), Diff: p.Changes, Discarded: p.Discarded.Summary()}, nil
+	}
+	if opts.RefuseDiscard && !p.Discarded.Empty() {
+		return nil, fmt.Errorf("the reload would discard %q: %w", p.Discarded.Summary(), ctlapi.ErrConflict)
+	}
+	return f.Reload(ctx)
 }
 
 func (f *Fake) fail(method string) error { return f.errs[method] }
@@ -423,15 +488,12 @@ func (f *Fake) Reload(context.Context) (*ctlapi.ReloadResult, error) {
 	if err := f.fail("Reload"); err != nil {
 		return nil, err
 	}
-	if f.reloadFrom == nil {
-		return &ctlapi.ReloadResult{Changes: []string{}, Diff: config.Diff(f.cfg, f.cfg)}, nil
-	}
-	next := f.reloadFrom.Clone()
-	next.SetDefaults()
+	next := f.file()
 	if err := next.Validate(); err != nil {
 		return nil, err
 	}
-	d := config.Diff(f.cfg, next)
+	p := config.PreviewReload(f.loaded, f.cfg, next)
 	f.cfg = next
-	return &ctlapi.ReloadResult{Changes: d.Summary(), Diff: d}, nil
+	f.loaded = next.Clone()
+	return &ctlapi.ReloadResult{Changes: p.Changes.Summary(), Diff: p.Changes, Discarded: p.Discarded.Summary()}, nil
 }

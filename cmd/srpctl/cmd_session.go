@@ -309,4 +309,3 @@ func (a *app) printRemoteLUNs(ls []ctlapi.RemoteLUN) {
 	}
 	tw.Flush()
 }
-

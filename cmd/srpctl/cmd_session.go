@@ -274,6 +274,9 @@ func (a *app) printConnections(l ctlapi.ConnectionList) error {
 		if ci.FailedReconnects > 0 {
 			state = fmt.Sprintf("%s (%d failed reconnects)", state, ci.FailedReconnects)
 		}
+		if !ci.NextRetryAt.IsZero() {
+			state = strings.TrimSuffix(state, ")") + fmt.Sprintf(", next in %s)", until(a.now(), ci.NextRetryAt))
+		}
 		row(tw, ci.Name, ci.Address, ci.TargetPortID, state, ci.Channels, ci.QueueDepth, len(ci.LUNs), since(a.now(), ci.ConnectedAt))
 	}
 	return tw.Flush()
@@ -293,6 +296,9 @@ func (a *app) printConnection(ci *ctlapi.ConnectionInfo) {
 	row(tw, "Channels:", fmt.Sprintf("%d, queue depth %d", ci.Channels, ci.QueueDepth))
 	row(tw, "Connected:", since(a.now(), ci.ConnectedAt))
 	row(tw, "Failed reconnects:", ci.FailedReconnects)
+	if !ci.NextRetryAt.IsZero() {
+		row(tw, "Next retry:", fmt.Sprintf("%s (in %s)", ci.NextRetryAt.Format(time.RFC3339), until(a.now(), ci.NextRetryAt)))
+	}
 	cfg := ci.Config
 	if cfg.ReconnectDelay != nil && cfg.FastIOFailTmo != nil && cfg.DevLossTmo != nil {
 		row(tw, "Timeouts:", fmt.Sprintf("reconnect_delay %s, fast_io_fail_tmo %s, dev_loss_tmo %s", cfg.ReconnectDelay, cfg.FastIOFailTmo, cfg.DevLossTmo))

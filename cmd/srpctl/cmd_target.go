@@ -29,6 +29,20 @@ func (a *app) printStatus(st *ctlapi.Status) error {
 	row(tw, "Daemon:", fmt.Sprintf("srpd %s (pid %d), API v%d", st.Version, st.PID, st.APIVersion))
 	row(tw, "Started:", fmt.Sprintf("%s (up %s)", st.StartedAt.Format("2006-01-02 15:04:05 MST"), since(a.now(), st.StartedAt)))
 	row(tw, "Config:", st.ConfigPath)
+	if h := st.Health; h != nil {
+		row(tw, "Health:", healthLine(h))
+		for _, f := range h.Failed {
+			what := f.Kind
+			if f.Name != "" {
+				what += " " + f.Name
+			}
+			msg := f.Error
+			if !f.NextRetryAt.IsZero() {
+				msg += fmt.Sprintf(" (next try in %s)", until(a.now(), f.NextRetryAt))
+			}
+			row(tw, "  "+what+":", msg)
+		}
+	}
 	row(tw, "Socket:", a.socket)
 	row(tw, "Targets:", st.Targets)
 	row(tw, "Sessions:", fmt.Sprintf("%d (initiators logged in to our targets)", st.Sessions))

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/srpd/srpd/internal/config"
+	"github.com/srpd/srpd/internal/ctlapi"
 )
 
 // TestRunningConfigCommands: config show prints YAML without defaults that parses back to the
@@ -73,5 +77,56 @@ func TestRunningConfigCommands(t *testing.T) {
 	}
 	if h.fake.Config().Target("demo").LUN(2) != nil {
 		t.Fatal("reload --force kept the run-time LUN")
+	}
+}
+
+// TestWatch: --watch repeats a list until the context ends (Ctrl-C), and bounds its interval.
+func TestWatch(t *testing.T) {
+	h := newHarness(t)
+	var out, errb bytes.Buffer
+	e := &env{stdin: strings.NewReader(""), stdout: &out, stderr: &errb, links: h.links,
+		getenv: func(k string) string {
+			if k == "SRPCTL_SOCKET" {
+				return h.socket
+			}
+			return ""
+		},
+		now: time.Now}
+	ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	if code := run(ctx, []string{"target", "list", "--watch=1s"}, e); code != exitOK {
+		t.Fatalf("exit %d\n%s%s", code, out.String(), errb.String())
+	}
+	if el := time.Since(t0); el < 2*time.Second || el > 10*time.Second {
+		t.Errorf("the watch ended after %v, want when the context did (2.5s)", el)
+	}
+	if n := strings.Count(out.String(), "every 1s (Ctrl-C stops)"); n != 3 || strings.Count(out.String(), "demo ") != 3 {
+		t.Errorf("%d rounds, want 3:\n%s", n, out.String())
+	}
+	for _, args := range [][]string{{"target", "list", "--watch=10ms"}, {"session", "list", "--watch=2h"}} {
+		if code, _, stderr := h.run("", args...); code != exitUsage || !strings.Contains(stderr, "want 1s to 1h0m0s") {
+			t.Errorf("srpctl %s: exit %d\n%s", strings.Join(args, " "), code, stderr)
+		}
+	}
+	if code, stdout, _ := h.run("", "connections", "--watch=1s", "--help"); code != exitOK || !strings.Contains(stdout, "--watch") {
+		t.Errorf("connections lacks --watch:\n%s", stdout)
+	}
+}
+
+// TestStatusHealth: status prints the health line and each object that does not run.
+func TestStatusHealth(t *testing.T) {
+	h := newHarness(t)
+	code, stdout, stderr := h.run("", "status")
+	if code != exitOK || !strings.Contains(stdout, "Health:") || !strings.Contains(stdout, "ok") {
+		t.Fatalf("status: exit %d\n%s%s", code, stdout, stderr)
+	}
+	got := healthLine(&ctlapi.Health{State: ctlapi.HealthDegraded, FailingLogins: 1,
+		Failed: []ctlapi.FailedObject{{Kind: "session", Name: "x", Error: "login rejected"}, {Kind: "target", Name: "t", Error: "listen: in use"}}})
+	if got != "degraded: 2 object(s) not running, 1 of them session(s) failing to log in" {
+		t.Errorf("health line %q", got)
+	}
+	if until(time.Unix(100, 0), time.Unix(112, 400e6)) != "12s" || until(time.Unix(100, 0), time.Unix(90, 0)) != "now" {
+		t.Error("until")
 	}
 }

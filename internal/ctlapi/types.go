@@ -82,6 +82,35 @@ type Status struct {
 	Targets     int `json:"targets"`
 	Sessions    int `json:"sessions"`
 	Connections int `json:"connections"`
+	// Health sums up what does not run as configured; nil from a daemon that does not tell.
+	Health *Health `json:"health,omitempty"`
+}
+
+// Health states.
+const (
+	HealthOK       = "ok"
+	HealthDegraded = "degraded"
+)
+
+// Health is what does not run as configured.
+type Health struct {
+	// State is HealthOK when every configured object runs, else HealthDegraded.
+	State string `json:"state"`
+	// Failed are the configured objects that do not run: transports, targets, the metrics
+	// listener, and our initiator sessions (connections) failing to log in.
+	Failed []FailedObject `json:"failed"`
+	// FailingLogins counts the connections among Failed: retrying their login.
+	FailingLogins int `json:"failing_logins"`
+}
+
+// FailedObject is a configured object that does not run.
+type FailedObject struct {
+	// Kind is transport, target, session (a connection) or metrics.
+	Kind  string `json:"kind"`
+	Name  string `json:"name,omitempty"`
+	Error string `json:"error"`
+	// NextRetryAt is when a connection tries to log in again.
+	NextRetryAt time.Time `json:"next_retry_at,omitzero"`
 }
 
 // TransportInfo is one transport's state.
@@ -196,10 +225,13 @@ type ConnectionInfo struct {
 	Channels        int           `json:"channels"`
 	QueueDepth      int           `json:"queue_depth"`
 	// FailedReconnects counts reconnect attempts since the link was lost.
-	FailedReconnects int         `json:"failed_reconnects"`
-	ConnectedAt      time.Time   `json:"connected_at,omitzero"`
-	LUNs             []RemoteLUN `json:"luns"`
-	Stats            IOStats     `json:"stats"`
+	FailedReconnects int `json:"failed_reconnects"`
+	// NextRetryAt is when the daemon logs in again after a failed login (zero while logged
+	// in or trying).
+	NextRetryAt time.Time   `json:"next_retry_at,omitzero"`
+	ConnectedAt time.Time   `json:"connected_at,omitzero"`
+	LUNs        []RemoteLUN `json:"luns"`
+	Stats       IOStats     `json:"stats"`
 	// Config is the session's configuration (timeouts and all).
 	Config config.Session `json:"config"`
 }

@@ -39,7 +39,8 @@ type connRT struct {
 	firstErr    error
 	sess        *initiator.Session
 	lastErr     string
-	failed      int // failed logins since the last success
+	failed      int       // failed logins since the last success
+	nextRetry   time.Time // when the next login attempt starts (zero: none pending)
 	attempts    uint64
 	connectedAt time.Time
 	exports     []*nbdExport
@@ -125,6 +126,15 @@ func (c *connRT) run() {
 		if err == nil {
 			c.startExports(sess)
 		}
+		var delay time.Duration
+		if err != nil && c.ctx.Err() == nil {
+			// Known before the first attempt is reported, so that whoever waited for it
+			// (Start, Connect) sees when the next one is.
+			delay = c.retryDelay()
+			c.mu.Lock()
+			c.nextRetry = time.Now().Add(delay)
+			c.mu.Unlock()
+		}
 		if !firstDone {
 			c.mu.Lock()
 			c.firstErr = err
@@ -136,13 +146,15 @@ func (c *connRT) run() {
 			if c.ctx.Err() != nil {
 				return
 			}
-			delay := c.retryDelay()
 			c.log.Warn("login failed; retrying", zap.Error(err), zap.Duration("retry_in", delay))
 			select {
 			case <-c.ctx.Done():
 				return
 			case <-time.After(delay):
 			}
+			c.mu.Lock()
+			c.nextRetry = time.Time{}
+			c.mu.Unlock()
 			continue
 		}
 		select {
@@ -224,6 +236,17 @@ func (c *connRT) stopExports(ctx context.Context) {
 	}
 }
 
+// failing returns why the connection is not logged in and when it tries again, when its
+// last login failed (ok false while logged in, or before the first attempt ends).
+func (c *connRT) failing() (why string, next time.Time, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess != nil || c.failed == 0 {
+		return "", time.Time{}, false
+	}
+	return c.lastErr, c.nextRetry, true
+}
+
 // waitFirst waits for the first login attempt and returns its error.
 func (c *connRT) waitFirst(ctx context.Context) error {
 	select {
@@ -293,7 +316,7 @@ func (c *connRT) info() ctlapi.ConnectionInfo {
 	defer c.mu.Unlock()
 	info := ctlapi.ConnectionInfo{
 		Name: c.cfg.Name, Address: net.JoinHostPort(c.cfg.Address, strconv.Itoa(c.cfg.Port)), TargetPortID: c.cfg.TargetPortID,
-		State: ctlapi.StateConnecting, Error: c.lastErr, QueueDepth: c.cfg.QueueDepth, FailedReconnects: c.failed,
+		State: ctlapi.StateConnecting, Error: c.lastErr, QueueDepth: c.cfg.QueueDepth, FailedReconnects: c.failed, NextRetryAt: c.nextRetry,
 		ConnectedAt: c.connectedAt, Config: c.cfg, LUNs: []ctlapi.RemoteLUN{},
 		Stats: ctlapi.IOStats{Commands: st.Commands, ReadBytes: st.BytesRead, WriteBytes: st.BytesWritten, Errors: st.Timeouts, TaskMgmt: st.TaskMgmt, CreditStalls: st.CreditWaits},
 	}

@@ -238,8 +238,8 @@ func (d *Daemon) StatusLine() string {
 		sessions += int(t.Port.Stats().Sessions)
 	}
 	line := fmt.Sprintf("%d target(s), %d initiator session(s) logged in; %d/%d connection(s) up", len(d.targets), sessions, up, len(d.conns))
-	if n := len(d.failed); n > 0 {
-		line += fmt.Sprintf("; %d object(s) failed", n)
+	if h := healthSummary(d.healthLocked()); h != "" {
+		line += "; " + h
 	}
 	return line
 }

@@ -44,7 +44,7 @@ func (d *Daemon) collect() *expo {
 	e.counter("srpd_config_reloads_total", "Configuration reloads (SIGHUP or API).", d.reloads.Load())
 	e.counter("srpd_config_reload_failures_total", "Reloads that were refused or applied with failures.", d.reloadFailures.Load())
 	e.counter("srpd_config_api_changes_total", "Configuration changes made through the control API.", d.mutations.Load())
-	e.gauge("srpd_failed_objects", "Configured objects (transports, targets, sessions, metrics) that are not running.", float64(len(d.failed)))
+	e.gauge("srpd_failed_objects", "Configured objects (transports, targets, sessions, metrics) that are not running, initiator sessions failing to log in included.", float64(len(d.healthLocked().Failed)))
 
 	if b := d.budget; b != nil {
 		u, bc := b.Usage(), b.Config()

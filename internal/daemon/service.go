@@ -36,6 +36,7 @@ func (d *Daemon) Status(context.Context) (*ctlapi.Status, error) {
 	for _, t := range d.targets {
 		st.Sessions += int(t.Port.Stats().Sessions)
 	}
+	st.Health = d.healthLocked()
 	return st, nil
 }
 

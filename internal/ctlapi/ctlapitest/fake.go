@@ -201,7 +201,7 @@ func (f *Fake) Status(context.Context) (*ctlapi.Status, error) {
 	st := &ctlapi.Status{
 		Version: "test", APIVersion: ctlapi.APIVersion, PID: 4242, StartedAt: f.started,
 		ConfigPath: "/etc/srpd/srpd.yaml", Targets: len(f.cfg.Targets), Sessions: len(f.sessions),
-		Connections: len(f.cfg.Sessions),
+		Connections: len(f.cfg.Sessions), Health: &ctlapi.Health{State: ctlapi.HealthOK, Failed: []ctlapi.FailedObject{}},
 	}
 	for _, t := range f.cfg.Transports {
 		st.Transports = append(st.Transports, ctlapi.TransportInfo{

@@ -203,3 +203,129 @@ func livePlan(diff *config.Changeset, o, n *config.Target) config.TargetPlan {
 }
 
 func equalLUN(a, b *config.LUN) bool { return reflect.DeepEqual(*a, *b) }
+
+var _ ctlapi.LiveService = (*Daemon)(nil)
+
+// UpdateLUN implements ctlapi.LiveService: a new size or write protection goes into the
+// configuration and applies live (as a reload with that change would); a rescan reads the
+// backend's size again and changes no configuration.
+func (d *Daemon) UpdateLUN(ctx context.Context, target string, id int, u ctlapi.LUNUpdate, opts ctlapi.MutateOptions) (*ctlapi.LUNInfo, error) {
+	if u.Rescan {
+		if err := d.rescanLUN(target, id); err != nil {
+			return nil, err
+		}
+	} else {
+		err := d.mutate(ctx, opts.Persist, func(c *config.Config) error {
+			t := c.Target(target)
+			if t == nil {
+				return notFound("target", target)
+			}
+			l := t.LUN(id)
+			if l == nil {
+				return notFound("LUN", fmt.Sprintf("%s/%d", target, id))
+			}
+			if u.Size != nil {
+				switch l.Backend {
+				case config.BackendBlockDev, config.BackendRBD:
+					return fmt.Errorf("LUN %d: a %s LUN has the size of its device or image; grow that and rescan: %w",
+						id, l.Backend, ctlapi.ErrInvalidArgument)
+				}
+				if cur := d.lunSize(target, id); cur > 0 && int64(*u.Size) < cur {
+					return fmt.Errorf("LUN %d: %v is smaller than its capacity %v; LUNs never shrink: %w",
+						id, *u.Size, config.Size(cur), ctlapi.ErrInvalidArgument)
+				}
+				l.Size = *u.Size
+			}
+			if u.ReadOnly != nil {
+				l.ReadOnly = *u.ReadOnly
+			}
+			return nil
+		}, d.targetUp(target))
+		if err != nil {
+			return nil, err
+		}
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	t, err := d.runningTarget(target)
+	if err != nil {
+		return nil, err
+	}
+	for _, li := range d.targetInfoLocked(t).LUNs {
+		if li.ID == id {
+			return &li, nil
+		}
+	}
+	return nil, notFound("LUN", fmt.Sprintf("%s/%d", target, id))
+}
+
+// lunSize is the capacity of running LUN id of target in bytes (0: not running).
+func (d *Daemon) lunSize(target string, id int) int64 {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if rt := d.targets[target]; rt != nil {
+		if lr := rt.luns[id]; lr != nil {
+			return lr.Size()
+		}
+	}
+	return 0
+}
+
+// rescanLUN reads the size of a running LUN's backend again.
+func (d *Daemon) rescanLUN(target string, id int) error {
+	d.opMu.Lock()
+	defer d.opMu.Unlock()
+	d.mu.RLock()
+	rt := d.targets[target]
+	var lr *lunRT
+	if rt != nil {
+		lr = rt.luns[id]
+	}
+	known := d.cfg.Target(target) != nil
+	d.mu.RUnlock()
+	switch {
+	case !known:
+		return notFound("target", target)
+	case rt == nil:
+		return fmt.Errorf("target %s is not running: %w", target, ctlapi.ErrUnavailable)
+	case lr == nil:
+		return notFound("LUN", fmt.Sprintf("%s/%d", target, id))
+	}
+	n, err := lr.Resize(0)
+	if err != nil {
+		return fmt.Errorf("target %s: %w", target, err)
+	}
+	rt.log.Info("LUN size read again", zap.Int("lun", id), zap.Int64("capacity", n))
+	return nil
+}
+
+// UpdateACL implements ctlapi.LiveService: the ACL's view changes in place, to its sessions
+// only.
+func (d *Daemon) UpdateACL(ctx context.Context, target string, a config.ACL, opts ctlapi.MutateOptions) (*ctlapi.ACLInfo, error) {
+	err := d.mutate(ctx, opts.Persist, func(c *config.Config) error {
+		t := c.Target(target)
+		if t == nil {
+			return notFound("target", target)
+		}
+		for i := range t.ACLs {
+			if t.ACLs[i].Initiator == a.Initiator {
+				t.ACLs[i] = a
+				return nil
+			}
+		}
+		return notFound("ACL", a.Initiator.String())
+	}, d.targetUp(target))
+	if err != nil {
+		return nil, err
+	}
+	acls, err := d.ListACLs(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	for _, ai := range acls {
+		if ai.Initiator == a.Initiator {
+			return &ai, nil
+		}
+	}
+	return nil, notFound("ACL", a.Initiator.String())
+}

@@ -326,6 +326,12 @@ func newReloadCmd(a *app) *cobra.Command {
 			for _, ch := range res.Changes {
 				fmt.Fprintln(a.stdout, "  "+ch)
 			}
+			// How each changed target took it: live (its initiators stayed logged in) or restarted.
+			for _, p := range res.Plans {
+				for _, l := range p.Summary() {
+					fmt.Fprintln(a.stdout, "  applied: "+l)
+				}
+			}
 			return nil
 		}),
 	}

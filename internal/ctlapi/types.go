@@ -209,6 +209,9 @@ type ReloadResult struct {
 	// Changes has one line per change ("target demo: LUN 1 added"); empty: nothing changed.
 	Changes []string          `json:"changes"`
 	Diff    *config.Changeset `json:"diff,omitempty"`
+	// Plans say, for each changed target, whether it was restarted (and why) or changed live
+	// (config.PlanTargets).
+	Plans []config.TargetPlan `json:"plans,omitempty"`
 }
 
 // List bodies: lists are wrapped in an object so that fields can be added later.

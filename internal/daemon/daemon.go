@@ -522,7 +522,7 @@ func (d *Daemon) Reload(ctx context.Context) (*ctlapi.ReloadResult, error) {
 	d.mu.Lock()
 	d.cfg = next
 	d.mu.Unlock()
-	res := &ctlapi.ReloadResult{Changes: diff.Summary(), Diff: diff}
+	res := &ctlapi.ReloadResult{Changes: diff.Summary(), Diff: diff, Plans: config.PlanTargets(old, next)}
 	d.logChanges(res.Changes)
 	if aerr != nil {
 		d.reloadFailures.Add(1)

@@ -328,6 +328,9 @@ func (s *Session) classify(j *job, ck *chunk, status uint8, sense []byte, lba ui
 		switch sn.Key {
 		case scsi.UnitAttention:
 			s.stats.uas.Add(1)
+			if rescanUA(&sn) {
+				s.requestRescan()
+			}
 			ck.uas++
 			if ck.uas <= maxUARetries {
 				s.log.Debug("unit attention", zap.Uint64("lun", j.lun), zap.Stringer("sense", sn))

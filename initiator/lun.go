@@ -390,17 +390,17 @@ func (s *Session) Rescan(ctx context.Context) error {
 		}
 		var l *LUN
 		for _, o := range old {
-			if o.info.Load().Address == a {
+			// Kept (its Info refreshed) unless its block size changed: blockSize and bsShift
+			// are read without a lock by the I/O in flight.
+			if o.info.Load().Address == a && o.blockSize == info.BlockSize {
 				l = o
 				break
 			}
 		}
 		if l == nil {
-			l = &LUN{s: s}
+			l = &LUN{s: s, blockSize: info.BlockSize, bsShift: uint(log2(info.BlockSize))}
 		}
 		l.info.Store(info)
-		l.blockSize = info.BlockSize
-		l.bsShift = uint(log2(info.BlockSize))
 		luns = append(luns, l)
 		s.log.Info("logical unit", zap.Uint64("lun", info.Number), zap.String("vendor", info.Vendor),
 			zap.String("product", info.Product), zap.String("id", info.IDString()), zap.Int("block_size", info.BlockSize),

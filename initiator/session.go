@@ -36,6 +36,7 @@ type Stats struct {
 	HandlerBatches uint64
 	CredReqs       uint64 // SRP_CRED_REQs answered
 	AerReqs        uint64 // SRP_AER_REQs answered
+	Rescans        uint64 // background rescans after unit attentions (LUNs or capacity changed)
 	LiveChannels   int
 }
 
@@ -51,7 +52,7 @@ func (c *counters) countRW(write bool, n int) {
 type counters struct {
 	commands, imm, direct, retries, uas, timeouts, aborts, lunResets, taskMgmt atomic.Uint64
 	reconnects, creditWaits, staleRsps, credReqs, aerReqs                      atomic.Uint64
-	handlerBatches                                                             atomic.Uint64
+	handlerBatches, rescans                                                    atomic.Uint64
 	bytesRead, bytesWritten                                                    atomic.Uint64
 }
 
@@ -95,6 +96,12 @@ type Session struct {
 	// lunMu guards the logical units (lun.go).
 	lunMu sync.RWMutex
 	luns  []*LUN
+
+	// The background rescan after unit attentions (rescan.go).
+	rescanState atomic.Int32
+	rescanWG    sync.WaitGroup
+	rescanMu    sync.Mutex // guards rescanStop and the WaitGroup's Add against shutdown's Wait
+	rescanStop  bool
 
 	bufs bufSet // AllocBuffer's Buffers (own lock; buffer.go)
 }
@@ -193,7 +200,7 @@ func (s *Session) Stats() Stats {
 		LUNResets: c.lunResets.Load(), TaskMgmt: c.taskMgmt.Load(), Reconnects: c.reconnects.Load(),
 		CreditWaits: c.creditWaits.Load(), StaleResponses: c.staleRsps.Load(), CredReqs: c.credReqs.Load(),
 		AerReqs: c.aerReqs.Load(), HandlerBatches: c.handlerBatches.Load(), LiveChannels: s.liveChannels(),
-		BytesRead: c.bytesRead.Load(), BytesWritten: c.bytesWritten.Load(),
+		BytesRead: c.bytesRead.Load(), BytesWritten: c.bytesWritten.Load(), Rescans: c.rescans.Load(),
 	}
 }
 
@@ -257,6 +264,10 @@ func (s *Session) shutdown() {
 		if s.busy() {
 			s.log.Warn("releasing the session while callers still hold request slots")
 		}
+		s.rescanMu.Lock()
+		s.rescanStop = true
+		s.rescanMu.Unlock()
+		s.rescanWG.Wait() // its commands fail now: the session's context is cancelled
 		for _, c := range s.chans {
 			c.release()
 		}

@@ -422,7 +422,7 @@ func (l *LUN) parse(cdb []byte, i *CDBInfo) Sense {
 				return invalidCDB(14, 7)
 			}
 			i.LBA = be64(cdb[2:])
-			if i.LBA >= l.blocks {
+			if i.LBA >= l.blocks.Load() {
 				return senseLBAOutOfRange
 			}
 		default:
@@ -505,7 +505,8 @@ func (l *LUN) parseRW(i *CDBInfo, lenByte int) Sense {
 
 // checkRange is LBA OUT OF RANGE unless [lba, lba+n) lies within the medium.
 func (l *LUN) checkRange(lba, n uint64) Sense {
-	if lba > l.blocks || n > l.blocks-lba {
+	blocks := l.blocks.Load()
+	if lba > blocks || n > blocks-lba {
 		return senseLBAOutOfRange
 	}
 	return senseNone

@@ -299,7 +299,7 @@ func (x *exec) unmap() Status {
 func (x *exec) readCapacity10() Status {
 	l := x.l
 	var b [8]byte
-	binary.BigEndian.PutUint32(b[0:], uint32(min(l.blocks-1, 0xFFFFFFFF)))
+	binary.BigEndian.PutUint32(b[0:], uint32(min(l.blocks.Load()-1, 0xFFFFFFFF)))
 	binary.BigEndian.PutUint32(b[4:], uint32(l.blockSize))
 	return x.reply(b[:])
 }
@@ -307,7 +307,7 @@ func (x *exec) readCapacity10() Status {
 func (x *exec) readCapacity16() Status {
 	l := x.l
 	var b [32]byte
-	binary.BigEndian.PutUint64(b[0:], l.blocks-1)
+	binary.BigEndian.PutUint64(b[0:], l.blocks.Load()-1)
 	binary.BigEndian.PutUint32(b[8:], uint32(l.blockSize))
 	b[13] = l.physExp & 0x0F
 	if l.canUnmap {

@@ -84,10 +84,10 @@ type LUN struct {
 	be           backend.Backend
 	blockSize    int
 	blockShift   uint
-	blocks       uint64 // capacity in logical blocks
-	readOnly     bool
-	canUnmap     bool // backend discards: thin provisioning, UNMAP, LBPME
-	lbprz        bool // discarded blocks read as zeroes
+	blocks       atomic.Uint64 // capacity in logical blocks (Resize changes it)
+	readOnly     atomic.Bool   // SetReadOnly changes it
+	canUnmap     bool          // backend discards: thin provisioning, UNMAP, LBPME
+	lbprz        bool          // discarded blocks read as zeroes
 	rotational   bool
 	physExp      uint8 // logical blocks per physical block exponent
 	maxXfer      uint32
@@ -139,10 +139,10 @@ func NewLUN(cfg LUNConfig, be backend.Backend) (*LUN, error) {
 		return nil, fmt.Errorf("scsi: backend size %d is not a positive multiple of the block size %d",
 			size, l.blockSize)
 	}
-	l.blocks = uint64(size) >> l.blockShift
+	l.blocks.Store(uint64(size) >> l.blockShift)
 	info := be.Info()
-	l.readOnly = cfg.ReadOnly || info.ReadOnly
-	l.canUnmap = info.CanDiscard && !l.readOnly
+	l.readOnly.Store(cfg.ReadOnly || info.ReadOnly)
+	l.canUnmap = info.CanDiscard && !l.readOnly.Load()
 	l.lbprz = info.CanDiscard && info.DiscardZeroes
 	l.rotational = info.Rotational
 	if p := info.PhysicalBlockSize; p > l.blockSize && p%l.blockSize == 0 {
@@ -256,10 +256,10 @@ func asciiField(dst []byte, name, v, def string) error {
 func (l *LUN) BlockSize() int { return l.blockSize }
 
 // Blocks is the capacity in logical blocks.
-func (l *LUN) Blocks() uint64 { return l.blocks }
+func (l *LUN) Blocks() uint64 { return l.blocks.Load() }
 
 // ReadOnly reports whether the LUN rejects medium writes.
-func (l *LUN) ReadOnly() bool { return l.readOnly }
+func (l *LUN) ReadOnly() bool { return l.readOnly.Load() }
 
 // MaxTransferBytes is the largest data transfer of one READ or WRITE (the Block Limits
 // MAXIMUM TRANSFER LENGTH in bytes); a target sizes its buffers with it.
@@ -516,7 +516,7 @@ func (x *exec) run() Status {
 	if l.pr.active.Load() && !l.prAllows(&cmd.Nexus, c, x.cdb) {
 		return StatusReservationConflict
 	}
-	if c.flags&cmdWrite != 0 && l.readOnly {
+	if c.flags&cmdWrite != 0 && l.readOnly.Load() {
 		return x.check(senseWriteProtected)
 	}
 	if x.info.Dir == DirOut && uint64(len(cmd.DataOut)) < uint64(x.info.Length) {

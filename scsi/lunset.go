@@ -59,13 +59,17 @@ type LUNSet struct {
 	mu    sync.RWMutex
 	luns  map[uint16]*LUN
 	order []uint16 // sorted
+	// bound counts the I_T nexuses that see the LUNs through this set (Bind); nil until the
+	// first Bind.
+	bound map[Nexus]int
 }
 
 // NewLUNSet returns an empty set.
 func NewLUNSet() *LUNSet { return &LUNSet{luns: make(map[uint16]*LUN)} }
 
 // Add maps LUN number n to l. The LUNs already in the set report REPORTED LUNS DATA HAS
-// CHANGED to the I_T nexuses that know them.
+// CHANGED to the set's I_T nexuses (see Bind); the new LUN does not (LIO's skip_new): a nexus
+// meets it with POWER ON first.
 func (s *LUNSet) Add(n uint16, l *LUN) error {
 	if n > MaxLUN {
 		return fmt.Errorf("scsi: LUN %d: the largest is %d", n, MaxLUN)
@@ -87,7 +91,9 @@ func (s *LUNSet) Add(n uint16, l *LUN) error {
 }
 
 // Remove unmaps LUN number n and returns the LUN (nil if there was none); the remaining LUNs
-// report REPORTED LUNS DATA HAS CHANGED. The caller closes the LUN when it is done with it.
+// report REPORTED LUNS DATA HAS CHANGED to the set's nexuses, and LUN number n answers
+// LOGICAL UNIT NOT SUPPORTED from now on (commands already admitted to it finish). The caller
+// closes the LUN when it is done with it.
 func (s *LUNSet) Remove(n uint16) *LUN {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -106,7 +112,7 @@ func (s *LUNSet) Remove(n uint16) *LUN {
 
 func (s *LUNSet) changed() {
 	for _, l := range s.luns {
-		l.ua.establishAll(uaReportedLUNsChange, nil)
+		s.establishLocked(l, uaReportedLUNsChange)
 	}
 }
 

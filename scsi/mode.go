@@ -88,12 +88,12 @@ func (x *exec) modeSense() Status {
 	n := hdr
 	if !x.info.flag2 { // DBD clear: one block descriptor
 		if ten && x.info.flag { // LLBAA
-			binary.BigEndian.PutUint64(b[n:], l.blocks)
+			binary.BigEndian.PutUint64(b[n:], l.blocks.Load())
 			binary.BigEndian.PutUint32(b[n+12:], uint32(l.blockSize))
 			b[4] |= 0x01 // LONGLBA
 			n += 16
 		} else {
-			binary.BigEndian.PutUint32(b[n:], uint32(min(l.blocks, 0xFFFFFFFF)))
+			binary.BigEndian.PutUint32(b[n:], uint32(min(l.blocks.Load(), 0xFFFFFFFF)))
 			b[n+5], b[n+6], b[n+7] = 0, uint8(l.blockSize>>8), uint8(l.blockSize)
 			n += 8
 		}
@@ -107,7 +107,7 @@ func (x *exec) modeSense() Status {
 		n += l.modePage(page, pc, b[n:])
 	}
 	dsp := uint8(0x10) // DPOFUA
-	if l.readOnly || x.cmd.WriteProtected {
+	if l.readOnly.Load() || x.cmd.WriteProtected {
 		dsp |= 0x80 // WP
 	}
 	if ten {
@@ -166,7 +166,7 @@ func (x *exec) modeSelect() Status {
 		if blen != uint32(l.blockSize) {
 			return x.check(invalidParam(blenAt, 7))
 		}
-		want := l.blocks
+		want := l.blocks.Load()
 		if descLen == 8 {
 			want = min(want, 0xFFFFFFFF)
 		}

@@ -73,7 +73,9 @@ func readResv(key uint64, typ uint8) prStep {
 func access(n Nexus, cdb []byte, w want) prStep {
 	var out []byte
 	in := 0
-	if i, err := (&LUN{blockSize: 512, blocks: testBlocks, maxXfer: 256, maxWriteSame: 64, maxCAW: 8, canUnmap: true}).ParseCDB(cdb); err == nil {
+	pl := &LUN{blockSize: 512, maxXfer: 256, maxWriteSame: 64, maxCAW: 8, canUnmap: true}
+	pl.blocks.Store(testBlocks)
+	if i, err := pl.ParseCDB(cdb); err == nil {
 		if i.Dir == DirOut {
 			out = make([]byte, i.Length)
 		} else {

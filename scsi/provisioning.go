@@ -47,9 +47,9 @@ func (x *exec) getLBAStatus() Status {
 		w.write(d[:])
 		count++
 	}
-	lba, shift := x.info.LBA, l.blockShift
-	for q := 0; lba < l.blocks && q < maxAllocationQueries; q++ {
-		status, n := uint8(provisionMapped), l.blocks-lba
+	lba, shift, blocks := x.info.LBA, l.blockShift, l.blocks.Load()
+	for q := 0; lba < blocks && q < maxAllocationQueries; q++ {
+		status, n := uint8(provisionMapped), blocks-lba
 		if l.alloc != nil {
 			off := int64(lba << shift)
 			alloc, run, err := l.alloc.Allocated(off, int64(n<<shift))
@@ -171,13 +171,13 @@ func putLBPParam(b []byte, code uint16, count uint64) int {
 // backend.Allocation) and available (-1 unknown).
 func (l *LUN) usageBlocks() (used uint64, avail int64, ok bool) {
 	if l.alloc == nil {
-		return l.blocks, -1, true
+		return l.blocks.Load(), -1, true
 	}
 	u, a, err := l.alloc.Usage()
 	if err != nil {
 		return 0, 0, false
 	}
-	used = min(uint64(max(u, 0))>>l.blockShift, l.blocks)
+	used = min(uint64(max(u, 0))>>l.blockShift, l.blocks.Load())
 	avail = -1
 	if a >= 0 {
 		avail = a >> l.blockShift

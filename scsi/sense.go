@@ -367,6 +367,7 @@ const (
 	uaReservationsRel    uaCode = 0x2A04 // RESERVATIONS RELEASED
 	uaRegistrationsPreem uaCode = 0x2A05 // REGISTRATIONS PREEMPTED
 	uaAccessStateChanged uaCode = 0x2A06 // ASYMMETRIC ACCESS STATE CHANGED
+	uaCapacityChanged    uaCode = 0x2A09 // CAPACITY DATA HAS CHANGED
 	uaReportedLUNsChange uaCode = 0x3F0E // REPORTED LUNS DATA HAS CHANGED
 )
 
@@ -428,6 +429,8 @@ func ascString(asc, ascq uint8) string {
 		return "ASYMMETRIC ACCESS STATE CHANGED"
 	case 0x3900:
 		return "SAVING PARAMETERS NOT SUPPORTED"
+	case 0x2A09:
+		return "CAPACITY DATA HAS CHANGED"
 	case 0x3F0E:
 		return "REPORTED LUNS DATA HAS CHANGED"
 	case 0x4900:

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -298,16 +299,24 @@ type Config struct {
 	OnChannel func(ch *Channel, initiator srp.PortID, remote netip.AddrPort)
 }
 
-// view is an ACL compiled into a LUNSet.
+// view is an ACL compiled into a LUNSet. Reconfigure changes a view in place: its set has its
+// own lock, readOnly is replaced whole, maxChannels changes under Target.mu.
 type view struct {
 	name        string
 	set         *scsi.LUNSet
-	readOnly    map[*scsi.LUN]bool // LUNs write-protected for this view
+	readOnly    atomic.Pointer[map[*scsi.LUN]bool] // LUNs write-protected for this view
 	maxChannels int
 }
 
+func (v *view) readOnlyMap() map[*scsi.LUN]bool {
+	if m := v.readOnly.Load(); m != nil {
+		return *m
+	}
+	return nil
+}
+
 func (v *view) isReadOnly(l *scsi.LUN) bool {
-	return l != nil && v.readOnly[l]
+	return l != nil && v.readOnlyMap()[l]
 }
 
 func compileACL(a *ACL, def bool) (*view, error) {
@@ -319,6 +328,7 @@ func compileACL(a *ACL, def bool) (*view, error) {
 			v.name = a.Initiator.String()
 		}
 	}
+	ro := make(map[*scsi.LUN]bool)
 	for _, m := range a.LUNs {
 		if m.LUN == nil {
 			return nil, fmt.Errorf("target: ACL %s: LUN %d is nil", v.name, m.Number)
@@ -326,13 +336,13 @@ func compileACL(a *ACL, def bool) (*view, error) {
 		if err := v.set.Add(m.Number, m.LUN); err != nil {
 			return nil, fmt.Errorf("target: ACL %s: %w", v.name, err)
 		}
-		if m.ReadOnly && !m.LUN.ReadOnly() {
-			if v.readOnly == nil {
-				v.readOnly = make(map[*scsi.LUN]bool)
-			}
-			v.readOnly[m.LUN] = true
+		// Kept also when the LUN is read-only itself: the LUN's own protection may be lifted
+		// while the ACL's stays (scsi.LUN.SetReadOnly).
+		if m.ReadOnly {
+			ro[m.LUN] = true
 		}
 	}
+	v.readOnly.Store(&ro)
 	return v, nil
 }
 

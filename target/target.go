@@ -325,6 +325,7 @@ func (t *Target) login1(dev transport.Device, req srp.LoginReq, info ConnInfo, p
 			old.slot = false // handed over: the new session holds it
 		}
 		s.log = t.log.With(zap.Stringer("initiator", req.InitiatorPortID), zap.Uint64("session", s.id))
+		s.view.set.Bind(s.nexus) // the view's changes concern this nexus (Reconfigure)
 		t.sessions[req.InitiatorPortID] = s
 		t.stats.sessions.Add(1)
 	}
@@ -424,6 +425,7 @@ func (t *Target) endSessionIfEmptyLocked(s *session) {
 		t.nSess--
 		t.budget.putSession(s.initiator)
 	}
+	s.view.set.Unbind(s.nexus)
 	s.view.set.NexusLost(s.nexus)
 	t.stats.sessions.Add(-1)
 }

@@ -210,6 +210,16 @@ func (a *app) printReload(res *ctlapi.ReloadResult, none, some string) {
 		for _, ch := range res.Changes {
 			fmt.Fprintln(a.stdout, "  "+ch)
 		}
+		// How each changed target takes it: live (its initiators stay logged in) or restarted.
+		verb := "applied"
+		if res.DryRun {
+			verb = "would apply"
+		}
+		for _, p := range res.Plans {
+			for _, l := range p.Summary() {
+				fmt.Fprintf(a.stdout, "  %s: %s\n", verb, l)
+			}
+		}
 	}
 	if len(res.Discarded) > 0 {
 		verb := "discarded"

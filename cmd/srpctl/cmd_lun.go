@@ -11,11 +11,6 @@ import (
 	"github.com/srpd/srpd/internal/ctlapi"
 )
 
-// restartNote explains what a LUN or ACL change does to the target's sessions.
-const restartNote = `The target restarts with the new LUNs and ACLs: initiators logged in to it are logged
-out (SRP_T_LOGOUT) and log in again (Linux ib_srp and srpd's own sessions reconnect after
-reconnect_delay). Other targets are not touched.`
-
 func parseLUN(s string) (int, error) {
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 || n > config.MaxLUNID {
@@ -25,7 +20,7 @@ func parseLUN(s string) (int, error) {
 }
 
 func newLUNCmd(a *app) *cobra.Command {
-	return newGroup("lun", "List, add and remove the LUNs of a target",
+	return newGroup("lun", "List, add, remove, resize and write-protect the LUNs of a target",
 		listCmd("list TARGET", "List a target's LUNs", 1, query(a,
 			func(ctx context.Context, c *ctlapi.Client, argv []string) (ctlapi.LUNList, error) {
 				ls, err := c.ListLUNs(ctx, argv[0])
@@ -34,6 +29,8 @@ func newLUNCmd(a *app) *cobra.Command {
 			func(l ctlapi.LUNList) error { a.printLUNs(l.LUNs); return nil })),
 		newLUNAddCmd(a),
 		newLUNRemoveCmd(a),
+		newLUNResizeCmd(a),
+		newLUNSetCmd(a),
 	)
 }
 
@@ -60,7 +57,7 @@ func newLUNAddCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "add TARGET LUN --backend ram|file|blockdev|rbd [flags]",
 		Short: "Add a LUN to a target",
-		Long:  "Add a LUN to a target.\n\n" + restartNote,
+		Long:  "Add a LUN to a target.\n\n" + liveNote,
 		Example: `  srpctl lun add demo 1 --backend ram --size 1GiB
   srpctl lun add demo 2 --backend file --path /var/lib/srpd/d2.img --create --size 64GiB --block-size 4096
   srpctl lun add demo 3 --backend blockdev --path /dev/disk/by-id/wwn-0x5000c500a1b2c3d4 --direct --persist
@@ -134,7 +131,7 @@ func lunSource(l config.LUN) string {
 
 func newLUNRemoveCmd(a *app) *cobra.Command {
 	return removeCmd(a, "remove TARGET LUN", "Remove a LUN from a target",
-		"Remove a LUN from a target. A LUN that an ACL lists must be removed from the ACL first.\n\n"+restartNote,
+		"Remove a LUN from a target. A LUN that an ACL lists must be removed from the ACL first.\n\n"+liveNote,
 		parseLUN, (*ctlapi.Client).RemoveLUN, "LUN %d removed from target %s%s")
 }
 
@@ -175,6 +172,7 @@ func newACLCmd(a *app) *cobra.Command {
 			func(l ctlapi.ACLList) error { a.printACLs(l.ACLs); return nil })),
 		newACLAddCmd(a),
 		newACLRemoveCmd(a),
+		newACLSetCmd(a),
 	)
 }
 
@@ -208,7 +206,7 @@ digits: initiator_ext, then the GUID of the initiator's port; srpd's own session
 64 bits of their transport's GID 0, e.g. 0000ffff7f000001 for 127.0.0.1), or "*" for every
 initiator no other ACL names.
 
-` + restartNote,
+` + liveNote,
 		Example: `  srpctl acl add demo 0x00000000000000005054000000000001 --luns 0,1
   srpctl acl add demo '*' --read-only`,
 		Args: args(2),
@@ -233,6 +231,6 @@ initiator no other ACL names.
 }
 
 func newACLRemoveCmd(a *app) *cobra.Command {
-	return removeCmd(a, "remove TARGET INITIATOR", "Remove an initiator's ACL", "Remove an initiator's ACL.\n\n"+restartNote,
+	return removeCmd(a, "remove TARGET INITIATOR", "Remove an initiator's ACL", "Remove an initiator's ACL.\n\n"+liveNote,
 		parseInitiator, (*ctlapi.Client).RemoveACL, "ACL of %s removed from target %s%s")
 }

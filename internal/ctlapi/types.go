@@ -246,6 +246,9 @@ type ReloadResult struct {
 	// Discarded has one line per run-time change (made without --persist) that the reload
 	// undoes, or would undo; set by daemons that implement ConfigService.
 	Discarded []string `json:"discarded,omitempty"`
+	// Plans say, for each changed target, whether it was restarted (and why) or changed live
+	// (config.PlanTargets).
+	Plans []config.TargetPlan `json:"plans,omitempty"`
 }
 
 // List bodies: lists are wrapped in an object so that fields can be added later.

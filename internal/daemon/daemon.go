@@ -255,13 +255,16 @@ func (d *Daemon) applyLogLevel(c *config.Config) {
 
 // plan is what apply does, from a config.Diff.
 type plan struct {
-	diff             *config.Changeset
-	closeTransports  []string
-	openTransports   []string
-	stopTargets      []string
-	startTargets     []string
-	stopConns        []string
-	startConns       []string
+	diff            *config.Changeset
+	closeTransports []string
+	openTransports  []string
+	stopTargets     []string
+	startTargets    []string
+	stopConns       []string
+	startConns      []string
+	// live are the changed targets that keep running: their changes apply in place
+	// (config.PlanTarget), their initiators stay logged in.
+	live             []config.TargetPlan
 	keepLUNs         map[string]map[int]bool // target → LUN ids whose backend stays open
 	control, metrics bool
 }
@@ -288,6 +291,12 @@ func (d *Daemon) makePlan(old, new *config.Config) *plan {
 	}
 	for _, t := range old.Targets {
 		nt := new.Target(t.Name)
+		if nt != nil && changedT[t.Name] && !restart[t.Transport] && !restart[nt.Transport] && d.failed["target/"+t.Name] == "" {
+			if tp := livePlan(diff, &t, nt); !tp.Restart {
+				p.live = append(p.live, tp)
+				continue
+			}
+		}
 		switch {
 		case nt == nil:
 			p.stopTargets = append(p.stopTargets, t.Name)
@@ -310,6 +319,11 @@ func (d *Daemon) makePlan(old, new *config.Config) *plan {
 	for _, t := range new.Targets {
 		if old.Target(t.Name) == nil || slices.Contains(p.stopTargets, t.Name) || d.failed["target/"+t.Name] != "" {
 			p.startTargets = append(p.startTargets, t.Name)
+			continue
+		}
+		// A running target with LUNs a live change could not open: they are tried again.
+		if rt := d.targets[t.Name]; rt != nil && len(rt.lunErrs) > 0 && !slices.ContainsFunc(p.live, func(x config.TargetPlan) bool { return x.Name == t.Name }) {
+			p.live = append(p.live, config.TargetPlan{Name: t.Name})
 		}
 	}
 	changedC := map[string]bool{}
@@ -421,6 +435,11 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 		errs = d.noteStartLocked(errs, "target/"+n, err)
 		d.mu.Unlock()
 	}
+	for _, tp := range p.live {
+		if err := d.applyLive(ctx, old.Target(tp.Name), new.Target(tp.Name), tp, guard); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, keep := range kept { // targets stopped for good
 		for _, l := range keep {
 			l.close(d.log)
@@ -504,10 +523,11 @@ func (d *Daemon) reload(ctx context.Context, opts ctlapi.ReloadOptions) (*ctlapi
 	if err == nil {
 		d.mu.RLock()
 		preview = config.PreviewReload(d.loaded, d.cfg, next)
+		cur := d.cfg
 		d.mu.RUnlock()
 		if opts.DryRun {
 			return &ctlapi.ReloadResult{DryRun: true, Changes: preview.Changes.Summary(), Diff: preview.Changes,
-				Discarded: preview.Discarded.Summary()}, nil
+				Discarded: preview.Discarded.Summary(), Plans: config.PlanTargets(cur, next)}, nil
 		}
 		if opts.RefuseDiscard && !preview.Discarded.Empty() {
 			return nil, discardError(preview)
@@ -533,7 +553,8 @@ func (d *Daemon) reload(ctx context.Context, opts ctlapi.ReloadOptions) (*ctlapi
 	d.cfg = next
 	d.loaded = next.Clone()
 	d.mu.Unlock()
-	res := &ctlapi.ReloadResult{Changes: diff.Summary(), Diff: diff, Discarded: preview.Discarded.Summary()}
+	res := &ctlapi.ReloadResult{Changes: diff.Summary(), Diff: diff, Discarded: preview.Discarded.Summary(),
+		Plans: config.PlanTargets(old, next)}
 	for _, l := range res.Discarded {
 		d.log.Warn("reload discarded a run-time change made without --persist", zap.String("change", l))
 	}

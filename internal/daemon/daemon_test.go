@@ -325,10 +325,10 @@ func TestMakePlan(t *testing.T) {
 	old := parse(base)
 	d := New(Options{})
 
-	// LUN added to a: a restarts keeping LUN 0; b and the session stay.
+	// LUN added to a: applied to the running a (live), nothing restarts.
 	p := d.makePlan(old, parse(strings.Replace(base, "        size: 4MiB\n    acls:", "        size: 4MiB\n      - id: 1\n        backend: ram\n        size: 1MiB\n    acls:", 1)))
-	if !slices.Equal(p.stopTargets, []string{"a"}) || !slices.Equal(p.startTargets, []string{"a"}) || len(p.stopConns) != 0 ||
-		!p.keepLUNs["a"][0] || len(p.openTransports) != 0 {
+	if len(p.stopTargets) != 0 || len(p.startTargets) != 0 || len(p.stopConns) != 0 || len(p.openTransports) != 0 ||
+		len(p.live) != 1 || p.live[0].Name != "a" || len(p.live[0].Ops) != 1 || p.live[0].Ops[0].Kind != config.LUNAdd {
 		t.Fatalf("LUN added: %+v", p)
 	}
 	// The transport changes: everything on it restarts, LUNs kept.

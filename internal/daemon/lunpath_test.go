@@ -367,8 +367,10 @@ func TestReloadNarrowedAllowedPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The change is live: target b keeps running, its LUN 0 is closed and in error.
 	ti, err := c.GetTarget(ctx, "b")
-	if err != nil || ti.State != ctlapi.StateError || !strings.Contains(ti.Error, "outside allowed_paths") {
+	if err != nil || ti.State != ctlapi.StateListening || len(ti.LUNs) != 1 || ti.LUNs[0].State != ctlapi.StateError ||
+		!strings.Contains(ti.LUNs[0].Error, "outside allowed_paths") {
 		t.Fatalf("target b after narrowing allowed_paths (changes %q): %+v, %v", res.Changes, ti, err)
 	}
 	if ta, _ := c.GetTarget(ctx, "a"); ta.State != ctlapi.StateListening {
@@ -380,7 +382,7 @@ func TestReloadNarrowedAllowedPaths(t *testing.T) {
 	if _, err := c.Reload(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if ti, _ := c.GetTarget(ctx, "b"); ti.State != ctlapi.StateListening {
+	if ti, _ := c.GetTarget(ctx, "b"); ti.State != ctlapi.StateListening || len(ti.LUNs) != 1 || ti.LUNs[0].State != ctlapi.StateUp {
 		t.Fatalf("target b after widening again: %+v", ti)
 	}
 }

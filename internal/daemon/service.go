@@ -176,8 +176,8 @@ func (d *Daemon) checkBackend(target string, l config.LUN) error {
 	return nil
 }
 
-// AddLUN implements ctlapi.Service. The target restarts with the new LUN (its initiators are
-// logged out and log in again): the target package fixes a target's views at creation.
+// AddLUN implements ctlapi.Service. The LUN is added to the running target: the initiators
+// whose ACL shows it are told REPORTED LUNS DATA HAS CHANGED and stay logged in.
 func (d *Daemon) AddLUN(ctx context.Context, target string, l config.LUN, opts ctlapi.MutateOptions) (*ctlapi.LUNInfo, error) {
 	if err := d.checkBackend(target, l); err != nil {
 		return nil, err
@@ -228,7 +228,8 @@ func (d *Daemon) ListACLs(_ context.Context, target string) ([]ctlapi.ACLInfo, e
 	return d.targetInfoLocked(t).ACLs, nil
 }
 
-// AddACL implements ctlapi.Service (the target restarts, as for AddLUN).
+// AddACL implements ctlapi.Service (live: nobody logged in is logged out, except a session of
+// that initiator admitted by the "*" ACL, which logs in again under its own).
 func (d *Daemon) AddACL(ctx context.Context, target string, a config.ACL, opts ctlapi.MutateOptions) (*ctlapi.ACLInfo, error) {
 	if err := d.mutate(ctx, opts.Persist, func(c *config.Config) error { return c.AddACL(target, a) }, d.targetUp(target)); err != nil {
 		return nil, err

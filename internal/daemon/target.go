@@ -106,6 +106,9 @@ type targetRT struct {
 	*stack.Target
 	log  *zap.Logger
 	luns map[int]*lunRT
+	// lunErrs are the LUNs of the configuration that a live change could not open, and why
+	// (guarded by Daemon.mu); the next change or reload of the target tries them again.
+	lunErrs map[int]string
 
 	mu  sync.Mutex
 	ids map[uint64]uint64 // the target's session number → the daemon's (unique across restarts)
@@ -258,7 +261,9 @@ func (t *targetRT) lunInfos() []ctlapi.LUNInfo {
 	for _, l := range t.Config.LUNs {
 		li := ctlapi.LUNInfo{LUN: l, State: ctlapi.StateUp}
 		if lr := t.luns[l.ID]; lr != nil {
-			li.Capacity = lr.Capacity
+			li.Capacity = lr.Size() // follows live resizes
+		} else {
+			li.State, li.Error = ctlapi.StateError, t.lunErrs[l.ID]
 		}
 		out = append(out, li)
 	}

@@ -2,7 +2,9 @@ package stack
 
 import (
 	"crypto/sha256"
+	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/ctlapi"
@@ -14,8 +16,10 @@ import (
 type LUN struct {
 	Config config.LUN
 	SCSI   *scsi.LUN
-	// Capacity is the backend's size in bytes.
+	// Capacity is the backend's size in bytes at open; SCSI.Blocks() follows resizes.
 	Capacity int64
+	// raw is the backend as opened (before LUNOptions.Wrap): the one that resizes.
+	raw backend.Backend
 }
 
 // LUNOptions are what opening a LUN takes beyond its configuration.
@@ -38,8 +42,9 @@ func DefaultSerial(portID config.PortID, id int) string {
 // the target and the LUN and wrap the backend's.
 func OpenLUN(t *config.Target, l config.LUN, o LUNOptions) (*LUN, error) {
 	var (
-		be  backend.Backend
-		err error
+		be     backend.Backend
+		err    error
+		lunRef atomic.Pointer[scsi.LUN] // for the RBD header watch, once the LUN exists
 	)
 	switch l.Backend {
 	case config.BackendRAM:
@@ -51,7 +56,7 @@ func OpenLUN(t *config.Target, l config.LUN, o LUNOptions) (*LUN, error) {
 		be, err = backend.OpenBlockDev(l.Path, backend.BlockDevOptions{ReadOnly: l.ReadOnly, Direct: l.Direct,
 			NoSymlinks: !l.FollowSymlinks, Admit: o.Admit})
 	case config.BackendRBD:
-		be, err = openRBD(l)
+		be, err = openRBD(l, func(int64) { rbdResized(&lunRef) })
 	default:
 		err = fmt.Errorf("unknown backend %q: %w", l.Backend, ctlapi.ErrInvalidArgument)
 	}
@@ -65,7 +70,7 @@ func OpenLUN(t *config.Target, l config.LUN, o LUNOptions) (*LUN, error) {
 	}
 	lc.BlockSize, lc.ReadOnly = l.BlockSize, l.ReadOnly
 	lc.Allocation, _ = be.(backend.Allocation) // before Wrap hides it
-	capacity := be.Size()
+	capacity, raw := be.Size(), be
 	if o.Wrap != nil {
 		be = o.Wrap(be)
 	}
@@ -74,7 +79,46 @@ func OpenLUN(t *config.Target, l config.LUN, o LUNOptions) (*LUN, error) {
 		_ = be.Close()
 		return nil, fmt.Errorf("target %s: LUN %d: %w", t.Name, l.ID, err)
 	}
-	return &LUN{Config: l, SCSI: lun, Capacity: capacity}, nil
+	lunRef.Store(lun)
+	return &LUN{Config: l, SCSI: lun, Capacity: capacity, raw: raw}, nil
+}
+
+// rbdResized follows a resize of an RBD image made elsewhere (rbd resize): the header watch
+// saw the new size, and the initiators are told CAPACITY DATA HAS CHANGED.
+func rbdResized(ref *atomic.Pointer[scsi.LUN]) {
+	if l := ref.Load(); l != nil {
+		_, _ = l.Resize() // a size that is no multiple of the block size keeps the old capacity
+	}
+}
+
+// Size is the capacity in bytes now.
+func (l *LUN) Size() int64 { return int64(l.SCSI.Blocks()) * int64(l.SCSI.BlockSize()) }
+
+// Resize grows the backend to size bytes (0: reads its size again, e.g. of a block device
+// grown by lvextend) and makes the logical unit's capacity follow: the initiators that use it
+// get CAPACITY DATA HAS CHANGED. It returns the new capacity. A backend that cannot resize is
+// ctlapi.ErrUnsupported; a shrink is backend.ErrWouldShrink with ctlapi.ErrInvalidArgument.
+func (l *LUN) Resize(size int64) (int64, error) {
+	r, ok := l.raw.(backend.Resizer)
+	if !ok {
+		return l.Size(), fmt.Errorf("LUN %d: the %s backend cannot be resized: %w", l.Config.ID, l.Config.Backend, ctlapi.ErrUnsupported)
+	}
+	if size != 0 && size%int64(l.SCSI.BlockSize()) != 0 {
+		return l.Size(), fmt.Errorf("LUN %d: size %d is not a multiple of the block size %d: %w",
+			l.Config.ID, size, l.SCSI.BlockSize(), ctlapi.ErrInvalidArgument)
+	}
+	if _, err := r.Resize(size); err != nil {
+		if errors.Is(err, backend.ErrWouldShrink) || errors.Is(err, backend.ErrInvalidSize) || errors.Is(err, backend.ErrReadOnly) {
+			err = fmt.Errorf("%w: %w", err, ctlapi.ErrInvalidArgument)
+		} else if errors.Is(err, backend.ErrNotSupported) {
+			err = fmt.Errorf("%w: %w", err, ctlapi.ErrUnsupported)
+		}
+		return l.Size(), fmt.Errorf("LUN %d: %w", l.Config.ID, err)
+	}
+	if _, err := l.SCSI.Resize(); err != nil {
+		return l.Size(), fmt.Errorf("LUN %d: %w: %w", l.Config.ID, err, ctlapi.ErrInvalidArgument)
+	}
+	return l.Size(), nil
 }
 
 // lunIdentity is the identity and ALUA part of LUN l's scsi configuration: the serial (l's,

@@ -43,7 +43,7 @@ func checkAllocated(kind string, closed bool, off, n, size int64) error {
 // goes). The descriptor's file position changes, which pread/pwrite do not use.
 func (b *File) Allocated(off, n int64) (bool, int64, error) {
 	d := &b.d
-	if err := checkAllocated(d.kind, d.closed.Load(), off, n, d.size); err != nil {
+	if err := checkAllocated(d.kind, d.closed.Load(), off, n, d.size.Load()); err != nil {
 		return false, 0, err
 	}
 	var data, hole int64
@@ -51,7 +51,7 @@ func (b *File) Allocated(off, n int64) (bool, int64, error) {
 		var err error
 		data, err = unix.Seek(fd, off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) { // no data at or after off
-			data, err = d.size, nil
+			data, err = d.size.Load(), nil
 		}
 		if err != nil || data > off {
 			return err
@@ -92,7 +92,8 @@ func (b *File) Usage() (int64, int64, error) {
 // Allocated reports the 64 KiB chunks that hold memory as allocated and the others (never
 // written, or discarded whole) as not. A chunk zeroed in part only stays allocated.
 func (r *RAM) Allocated(off, n int64) (bool, int64, error) {
-	if err := checkAllocated("ram", r.closed.Load(), off, n, r.size); err != nil {
+	size := r.size.Load()
+	if err := checkAllocated("ram", r.closed.Load(), off, n, size); err != nil {
 		return false, 0, err
 	}
 	i := off >> ramChunkShift
@@ -111,11 +112,12 @@ func (r *RAM) Usage() (int64, int64, error) {
 		return 0, 0, fmt.Errorf("backend ram: usage: %w", ErrClosed)
 	}
 	var used int64
+	size := r.size.Load()
 	for i := range r.chunks {
 		if r.chunks[i].Load() != nil {
 			start := int64(i) << ramChunkShift
-			used += min(start+ramChunkSize, r.size) - start
+			used += min(start+ramChunkSize, size) - start
 		}
 	}
-	return used, r.size - used, nil
+	return used, size - used, nil
 }

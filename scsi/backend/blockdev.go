@@ -158,7 +158,8 @@ func OpenBlockDev(path string, opts BlockDevOptions) (*BlockDev, error) {
 	if ro != 0 {
 		readOnly = true
 	}
-	b.d.size, b.d.readOnly, b.lbs = int64(size), readOnly, int64(lbs)
+	b.d.size.Store(int64(size))
+	b.d.readOnly, b.lbs = readOnly, int64(lbs)
 
 	if opts.Direct {
 		if err := b.d.setDirect(flags, int64(lbs)); err != nil {
@@ -191,7 +192,7 @@ func OpenBlockDev(path string, opts BlockDevOptions) (*BlockDev, error) {
 }
 
 // Size returns the capacity in bytes (BLKGETSIZE64 at open).
-func (b *BlockDev) Size() int64 { return b.d.size }
+func (b *BlockDev) Size() int64 { return b.d.size.Load() }
 
 // LogicalBlockSize returns the device's logical block size (BLKSSZGET): the granularity of
 // Discard and of the BLKZEROOUT part of WriteZeroes, and the smallest unit the device writes

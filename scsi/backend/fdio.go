@@ -42,7 +42,7 @@ type fdio struct {
 	offMask int64                  // direct: offset and length alignment - 1
 	stripes *[dioStripes]dioStripe // direct: region locks
 
-	size     int64
+	size     atomic.Int64 // Resize changes it
 	readOnly bool
 	closed   atomic.Bool
 }
@@ -64,7 +64,7 @@ func (d *fdio) check(op string, off, n int64, mutating bool) error {
 	if mutating && d.readOnly {
 		return d.rangeErr(op, off, n, ErrReadOnly)
 	}
-	if !inRange(off, n, d.size) {
+	if !inRange(off, n, d.size.Load()) {
 		return d.rangeErr(op, off, n, ErrOutOfRange)
 	}
 	return nil
@@ -272,11 +272,11 @@ func (d *fdio) setDirect(flags int, fallbackAlign int64) error {
 		return fmt.Errorf("O_DIRECT: alignment %d/%d is not a power of two: %w",
 			memAlign, offAlign, ErrNotSupported)
 	}
-	if d.size&int64(offAlign-1) != 0 {
+	if d.size.Load()&int64(offAlign-1) != 0 {
 		df.Close()
 		// A direct write of the last, partial block would extend the file.
 		return fmt.Errorf("O_DIRECT: size %d is not a multiple of the direct I/O alignment %d: %w",
-			d.size, offAlign, ErrNotSupported)
+			d.size.Load(), offAlign, ErrNotSupported)
 	}
 	d.df, d.memMask, d.offMask = df, uintptr(memAlign-1), int64(offAlign-1)
 	d.stripes = new([dioStripes]dioStripe)

@@ -153,7 +153,7 @@ func OpenFile(path string, opts FileOptions) (*File, error) {
 	if size == 0 {
 		return fail(fmt.Errorf("empty file: %w", ErrInvalidSize))
 	}
-	b.d.size = size
+	b.d.size.Store(size)
 
 	blk := int64(st.Blksize)
 	if blk <= 0 || blk&(blk-1) != 0 {
@@ -200,7 +200,7 @@ func openOrCreate(path string, flags int, create, noSymlinks bool) (f *os.File, 
 // of the file: with KEEP_SIZE that changes neither the size nor the data, while a filesystem
 // without the operation still refuses it (EOPNOTSUPP).
 func (b *File) probePunchHole(blk int64) bool {
-	off := (b.d.size + blk - 1) &^ (blk - 1)
+	off := (b.d.size.Load() + blk - 1) &^ (blk - 1)
 	err := b.d.control(func(fd int) error {
 		return unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, blk)
 	})
@@ -208,7 +208,7 @@ func (b *File) probePunchHole(blk int64) bool {
 }
 
 // Size returns the capacity in bytes, fixed at open.
-func (b *File) Size() int64 { return b.d.size }
+func (b *File) Size() int64 { return b.d.size.Load() }
 
 // Info describes the file. CanDiscard is what the filesystem answered to a hole punch at open;
 // it is false for a read-only File (the probe needs a writable descriptor). DiscardZeroes equals

@@ -23,7 +23,7 @@ const (
 //
 // The content is lost on Close. Flush is a no-op.
 type RAM struct {
-	size     int64
+	size     atomic.Int64 // Resize grows it, within the chunk table
 	readOnly bool
 	closed   atomic.Bool
 	// chunks[i] covers [i*ramChunkSize, (i+1)*ramChunkSize); nil = all zeroes. A chunk removed
@@ -54,7 +54,9 @@ func NewRAM(size int64, readOnly bool) (*RAM, error) {
 		return nil, fmt.Errorf("backend ram: size %d exceeds the maximum %d: %w",
 			size, int64(ramMaxChunks)<<ramChunkShift, ErrInvalidSize)
 	}
-	return &RAM{size: size, readOnly: readOnly, chunks: make([]atomic.Pointer[ramChunk], n)}, nil
+	r := &RAM{readOnly: readOnly, chunks: make([]atomic.Pointer[ramChunk], ramTableLen(n))}
+	r.size.Store(size)
+	return r, nil
 }
 
 // Nonblocking reports true: RAM accesses copy memory under per-chunk locks and never wait for
@@ -62,7 +64,7 @@ func NewRAM(size int64, readOnly bool) (*RAM, error) {
 func (r *RAM) Nonblocking() bool { return true }
 
 // Size returns the capacity in bytes.
-func (r *RAM) Size() int64 { return r.size }
+func (r *RAM) Size() int64 { return r.size.Load() }
 
 // Info describes the backend: Kind "ram", CanDiscard and DiscardZeroes true (also when read-only:
 // they describe the medium), non-rotational, PhysicalBlockSize 0 (RAM has no block it prefers;
@@ -172,7 +174,7 @@ func (r *RAM) zeroRange(off, n int64) {
 	for pos := off; pos < end; {
 		i, o := pos>>ramChunkShift, pos&(ramChunkSize-1)
 		m := min(end-pos, ramChunkSize-o)
-		last := pos+m == r.size // the tail chunk of a size that is not a multiple of the chunk
+		last := pos+m == r.size.Load() // the tail chunk of a size that is not a multiple of the chunk
 		if m == ramChunkSize || (o == 0 && last) {
 			r.dropChunk(i)
 		} else {
@@ -237,7 +239,7 @@ func (r *RAM) check(op string, off, n int64, mutating bool) error {
 	if mutating && r.readOnly {
 		return ramError(op, off, n, ErrReadOnly)
 	}
-	if !inRange(off, n, r.size) {
+	if !inRange(off, n, r.size.Load()) {
 		return ramError(op, off, n, ErrOutOfRange)
 	}
 	return nil

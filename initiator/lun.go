@@ -70,6 +70,7 @@ type LUN struct {
 	s         *Session
 	info      atomic.Pointer[LUNInfo]
 	noWSame   atomic.Bool // WRITE SAME(16) was refused: write zeroes with WRITE(16)
+	noLBAStat atomic.Bool // GET LBA STATUS was refused: every block is mapped
 	bsShift   uint
 	blockSize int
 }

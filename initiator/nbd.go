@@ -25,8 +25,9 @@ func NBDDevice(l *LUN) nbd.Device { return nbdDevice{l} }
 type nbdDevice struct{ l *LUN }
 
 var (
-	_ nbd.Device      = nbdDevice{}
-	_ nbd.AsyncDevice = nbdDevice{}
+	_ nbd.Device        = nbdDevice{}
+	_ nbd.AsyncDevice   = nbdDevice{}
+	_ nbd.BlockStatuser = nbdDevice{}
 )
 
 // NBDErrno returns the NBD error value for an error of the block API (0 for nil).
@@ -91,6 +92,21 @@ func (d nbdDevice) Discard(ctx context.Context, off, n int64) error {
 
 func (d nbdDevice) WriteZeroes(ctx context.Context, off, n int64, noUnmap bool) error {
 	return mapErr(d.l.WriteZeroes(ctx, off, n, noUnmap), true)
+}
+
+// BlockStatus makes the export an nbd.BlockStatuser from GET LBA STATUS (LUN.Provisioning):
+// deallocated runs are holes (zero where the LUN reads unmapped blocks as zeroes), anchored
+// ones only zero.
+func (d nbdDevice) BlockStatus(ctx context.Context, off, length int64) ([]nbd.Extent, error) {
+	runs, err := d.l.Provisioning(ctx, off, length)
+	if err != nil {
+		return nil, mapErr(err, false)
+	}
+	exts := make([]nbd.Extent, len(runs))
+	for i, r := range runs {
+		exts[i] = nbd.Extent{Length: r.Len, Hole: r.Deallocated && !r.Anchored, Zero: r.Zero}
+	}
+	return exts, nil
 }
 
 func (d nbdDevice) Size() int64      { return d.l.Size() }

@@ -150,3 +150,13 @@ func bit(b bool, v uint8) uint8 {
 	}
 	return 0
 }
+
+// AppendGetLBAStatus appends GET LBA STATUS (sbc4r15 5.8: SERVICE ACTION IN(16) 0x12): 16 bytes,
+// the starting LBA and the allocation length; REPORT TYPE 0 (all descriptors).
+func AppendGetLBAStatus(dst []byte, lba uint64, alloc uint32) []byte {
+	dst, c := grow(dst, 16)
+	c[0], c[1] = OpServiceActionIn16, SAGetLBAStatus
+	binary.BigEndian.PutUint64(c[2:], lba)
+	binary.BigEndian.PutUint32(c[10:], alloc)
+	return dst
+}

@@ -53,6 +53,8 @@ func TestEncodersRoundTrip(t *testing.T) {
 			CDBInfo{Opcode: OpModeSense10, Dir: DirIn, Length: 512}, true, false},
 		{AppendReportLUNs(nil, 0, 4096), cdbReportLUNs(0, 4096), CDBInfo{Opcode: OpReportLUNs, Dir: DirIn, Length: 4096}, false, false},
 		{AppendReportLUNs(nil, 2, 16), cdbReportLUNs(2, 16), CDBInfo{Opcode: OpReportLUNs, Dir: DirIn, Length: 16}, false, false},
+		{AppendGetLBAStatus(nil, 100, 255), cdbGetLBAStatus(100, 255),
+			CDBInfo{Opcode: OpServiceActionIn16, ServiceAction: SAGetLBAStatus, Dir: DirIn, Length: 255, LBA: 100}, false, false},
 	} {
 		if !bytes.Equal(tc.cdb, tc.same) {
 			t.Errorf("% x: the test builder gives % x", tc.cdb, tc.same)

@@ -76,6 +76,16 @@ func (d *timedDevice) WriteAt(ctx context.Context, p []byte, off int64, fua bool
 	return err
 }
 
+// BlockStatus passes NBD_CMD_BLOCK_STATUS on to the wrapped device (nbd.BlockStatuser), which
+// embedding the Device interface would hide; without one the range is all data, as the nbd
+// server answers for a device that cannot tell.
+func (d *timedDevice) BlockStatus(ctx context.Context, off, length int64) ([]nbd.Extent, error) {
+	if bs, ok := d.Device.(nbd.BlockStatuser); ok {
+		return bs.BlockStatus(ctx, off, length)
+	}
+	return []nbd.Extent{{Length: length}}, nil
+}
+
 func (d *timedDevice) Flush(ctx context.Context) error {
 	t0 := time.Now()
 	err := d.Device.Flush(ctx)

@@ -54,6 +54,14 @@ func (b *timedBackend) WriteAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
+// Nonblocking passes the wrapped backend's answer on (backend.Nonblocking): embedding the
+// Backend interface would hide it, and a RAM LUN would then run on a LUN worker instead of
+// inline on the receive path (target/sched.go). Timing adds no wait.
+func (b *timedBackend) Nonblocking() bool {
+	nb, ok := b.Backend.(backend.Nonblocking)
+	return ok && nb.Nonblocking()
+}
+
 func (b *timedBackend) Flush() error {
 	t0 := time.Now()
 	err := b.Backend.Flush()

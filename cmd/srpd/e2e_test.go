@@ -199,6 +199,9 @@ func TestDaemonEndToEnd(t *testing.T) {
 		`(?m)^srpd_softroce_loopback_packets_total\{transport="lo"\} [1-9][0-9]*$`,
 		`(?m)^srpd_softroce_tx_packets_total\{transport="lo"\} 0$`,
 		`(?m)^# TYPE srpd_nbd_request_duration_seconds histogram$`,
+		// Timed through nbd.ExportOptions.Observe (the export stays an AsyncDevice).
+		`(?m)^srpd_nbd_request_duration_seconds_bucket\{connection="c1",lun="1",op="write",le="\+Inf"\} [1-9][0-9]*$`,
+		`(?m)^srpd_nbd_request_duration_seconds_bucket\{connection="c1",lun="1",op="read",le="\+Inf"\} [1-9][0-9]*$`,
 	} {
 		if !regexp.MustCompile(re).MatchString(body) {
 			t.Errorf("metrics lack %s", re)

@@ -42,6 +42,7 @@ type request struct {
 	async  bool        // posted to the AsyncDevice (answered from afn)
 	afn    func(error) // the request's completion for the AsyncDevice, made once
 	bsLen  int         // the length of a BLOCK_STATUS reply encoded in scratch
+	start  time.Time   // when its header was read (ExportOptions.Observe)
 	// scratch holds the reply of a request without a data payload: a simple reply, a
 	// structured NONE chunk or an error chunk with its message.
 	scratch [errorChunkHdrLen + maxErrorMessage]byte
@@ -336,6 +337,9 @@ func (c *conn) readRequest() (*request, error) {
 		r.handle = binary.BigEndian.Uint64(h[8:])
 		r.off = binary.BigEndian.Uint64(h[16:])
 		r.length = binary.BigEndian.Uint32(h[24:])
+		if c.exp != nil && c.exp.obs != nil {
+			r.start = time.Now()
+		}
 		r.errno, r.msg = c.check(r)
 
 		switch {
@@ -584,6 +588,7 @@ func (c *conn) asyncDone(r *request, err error) {
 		}
 	}
 	c.counters.count(r.typ, e, int(r.length))
+	c.observe(r, e)
 	c.replyMsg(r, e, err)
 	c.sendMsg(r, false)
 }
@@ -756,7 +761,27 @@ func (c *conn) serve(r *request) {
 		}
 	}
 	c.counters.count(r.typ, e, int(n))
+	c.observe(r, e)
 	c.reply(r, e, err)
+}
+
+// observe tells the export's ExportOptions.Observe how long r took.
+func (c *conn) observe(r *request, e Errno) {
+	if c.exp == nil || c.exp.obs == nil || r.start.IsZero() {
+		return
+	}
+	var op Op
+	switch r.typ {
+	case cmdRead:
+		op = OpRead
+	case cmdWrite:
+		op = OpWrite
+	case cmdFlush:
+		op = OpFlush
+	default:
+		return
+	}
+	c.exp.obs(op, time.Since(r.start), e != 0)
 }
 
 // reply sends the reply to r: a simple reply, or with structured replies negotiated a single

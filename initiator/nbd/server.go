@@ -142,13 +142,28 @@ func (c *Config) setDefaults() error {
 type ExportOptions struct {
 	// Description is sent in NBD_INFO_DESCRIPTION and after the name in NBD_OPT_LIST replies.
 	Description string
+	// Observe, if set, is told how long each READ, WRITE and FLUSH request took, from its
+	// header read to its reply queued, and whether it failed. It is called on the request's
+	// path (the device's completion for an AsyncDevice) and must not block; it replaces
+	// wrapping the Device for timing, which would hide AsyncDevice and BlockStatuser.
+	Observe func(op Op, d time.Duration, failed bool)
 }
+
+// Op names a request kind for ExportOptions.Observe.
+type Op uint8
+
+const (
+	OpRead Op = iota
+	OpWrite
+	OpFlush
+)
 
 // export is one named Device and the connections using it.
 type export struct {
 	name string
 	desc string
 	dev  Device
+	obs  func(op Op, d time.Duration, failed bool)
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -260,7 +275,7 @@ func (s *Server) AddExport(name string, dev Device, opts ExportOptions) error {
 	if _, ok := s.exports[name]; ok {
 		return fmt.Errorf("%w: %q", ErrExportExists, name)
 	}
-	s.exports[name] = &export{name: name, desc: opts.Description, dev: dev, conns: make(map[*conn]struct{})}
+	s.exports[name] = &export{name: name, desc: opts.Description, dev: dev, obs: opts.Observe, conns: make(map[*conn]struct{})}
 	return nil
 }
 

@@ -56,41 +56,16 @@ type nbdExport struct {
 	err    string
 }
 
-// timedDevice times the NBD requests that reach the initiator's block API.
-type timedDevice struct {
-	nbd.Device
-	t *ioTimes
-}
-
-func (d *timedDevice) ReadAt(ctx context.Context, p []byte, off int64) error {
-	t0 := time.Now()
-	err := d.Device.ReadAt(ctx, p, off)
-	d.t.read.observe(time.Since(t0))
-	return err
-}
-
-func (d *timedDevice) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
-	t0 := time.Now()
-	err := d.Device.WriteAt(ctx, p, off, fua)
-	d.t.write.observe(time.Since(t0))
-	return err
-}
-
-// BlockStatus passes NBD_CMD_BLOCK_STATUS on to the wrapped device (nbd.BlockStatuser), which
-// embedding the Device interface would hide; without one the range is all data, as the nbd
-// server answers for a device that cannot tell.
-func (d *timedDevice) BlockStatus(ctx context.Context, off, length int64) ([]nbd.Extent, error) {
-	if bs, ok := d.Device.(nbd.BlockStatuser); ok {
-		return bs.BlockStatus(ctx, off, length)
+// observe records an NBD request's time in the export's histograms (nbd.ExportOptions.Observe).
+func (t *ioTimes) observeNBD(op nbd.Op, d time.Duration, _ bool) {
+	switch op {
+	case nbd.OpRead:
+		t.read.observe(d)
+	case nbd.OpWrite:
+		t.write.observe(d)
+	case nbd.OpFlush:
+		t.flush.observe(d)
 	}
-	return []nbd.Extent{{Length: length}}, nil
-}
-
-func (d *timedDevice) Flush(ctx context.Context) error {
-	t0 := time.Now()
-	err := d.Device.Flush(ctx)
-	d.t.flush.observe(time.Since(t0))
-	return err
 }
 
 // startConn starts keeping session cfg up; its NBD sockets that name no group get nbdGroup.
@@ -211,7 +186,7 @@ func (c *connRT) startExports(sess *initiator.Session) {
 		exps = append(exps, x)
 		var err error
 		x.x, err = stack.ServeNBD(sess, e, stack.NBDOptions{Logger: c.log, Session: c.cfg.Name, ShutdownTimeout: c.nbdShutdown, Group: c.nbdGroup,
-			Wrap: func(d nbd.Device) nbd.Device { return &timedDevice{Device: d, t: x.io} }})
+			Observe: x.io.observeNBD})
 		if err != nil {
 			x.err = err.Error()
 			c.log.Error("NBD export failed", zap.Int("lun", e.LUN), zap.String("socket", e.Socket), zap.Error(err))

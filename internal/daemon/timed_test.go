@@ -1,17 +1,16 @@
 package daemon
 
 import (
-	"context"
 	"testing"
 
-	"github.com/srpd/srpd/initiator/nbd"
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/scsi/backend"
 )
 
-// TestTimedWrappersKeepOptionalInterfaces: the metrics wrappers pass on what embedding an
-// interface would hide: a RAM LUN stays backend.Nonblocking (so the target executes its
-// commands inline), and an NBD export keeps its block status.
+// TestTimedWrappersKeepOptionalInterfaces: the metrics wrapper of a LUN's backend passes on
+// what embedding an interface would hide: a RAM LUN stays backend.Nonblocking (so the target
+// executes its commands inline). (NBD exports are timed through nbd.ExportOptions.Observe, not
+// a wrapper; TestNBDMapSparseFileLUN in cmd/srpd checks their block status.)
 func TestTimedWrappersKeepOptionalInterfaces(t *testing.T) {
 	tc := &config.Target{Name: "t"}
 	for _, tt := range []struct {
@@ -32,20 +31,4 @@ func TestTimedWrappersKeepOptionalInterfaces(t *testing.T) {
 		}
 		_ = l.Close()
 	}
-	var d nbd.Device = &timedDevice{Device: statusDevice{}, t: &ioTimes{}}
-	bs, ok := d.(nbd.BlockStatuser)
-	if !ok {
-		t.Fatal("timedDevice is not an nbd.BlockStatuser")
-	}
-	exts, err := bs.BlockStatus(context.Background(), 0, 8192)
-	if err != nil || len(exts) != 2 || !exts[1].Hole {
-		t.Fatalf("BlockStatus through the wrapper: %+v %v", exts, err)
-	}
-}
-
-// statusDevice is an nbd.Device of 8 KiB whose second 4 KiB are a hole.
-type statusDevice struct{ nbd.Device }
-
-func (statusDevice) BlockStatus(context.Context, int64, int64) ([]nbd.Extent, error) {
-	return []nbd.Extent{{Length: 4096}, {Length: 4096, Hole: true}}, nil
 }

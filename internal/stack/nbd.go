@@ -35,8 +35,9 @@ type NBDOptions struct {
 	ShutdownTimeout time.Duration
 	// Names are the export names offered (nil: the default export "" and "lun<N>").
 	Names []string
-	// Wrap, if set, wraps the device the NBD server calls (the daemon times the requests).
-	Wrap func(nbd.Device) nbd.Device
+	// Observe, if set, is told how long each READ, WRITE and FLUSH took (nbd.ExportOptions;
+	// the daemon's latency histograms).
+	Observe func(op nbd.Op, d time.Duration, failed bool)
 	// Workers and ReadSpin tune the server's connections (nbd.Config; 0: its defaults), and
 	// HeapBuffers takes request buffers from the Go heap (copied through the initiator's slot
 	// buffers) rather than the session's registered memory: srpbench compares them.
@@ -84,17 +85,14 @@ func ServeNBD(sess *initiator.Session, e config.NBDExport, o NBDOptions) (*Expor
 	if err != nil {
 		return nil, err
 	}
-	var dev nbd.Device = initiator.NBDDevice(l)
-	if o.Wrap != nil {
-		dev = o.Wrap(dev)
-	}
+	dev := initiator.NBDDevice(l)
 	desc := fmt.Sprintf("srpd %s LUN %d %s", o.Session, e.LUN, l.Info().IDString())
 	names := o.Names
 	if names == nil {
 		names = []string{"", "lun" + strconv.Itoa(e.LUN)}
 	}
 	for _, name := range names {
-		if err := srv.AddExport(name, dev, nbd.ExportOptions{Description: desc}); err != nil {
+		if err := srv.AddExport(name, dev, nbd.ExportOptions{Description: desc, Observe: o.Observe}); err != nil {
 			return nil, err
 		}
 	}

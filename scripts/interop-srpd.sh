@@ -15,6 +15,8 @@
 #       harness' fio verify with SRP_INTEROP_FIO=1) and started again (what it acknowledged is
 #       in the file): the time
 #       until the kernel has logged in again is printed (RESTART: ... s after the SIGKILL).
+#   interop-srpd.sh target-addlun DIR
+#       As target; once the kernel has written, LUN 1 (16 MiB RAM) is added live with srpctl.
 #   interop-srpd.sh initiator DIR
 #       A softroce transport on $SRP_INTEROP_ADDR and a session to $SRP_INTEROP_TARGET_ADDR port
 #       $SRP_INTEROP_PORT (the kernel's ib_srpt) whose LUN 0 srpd exports over NBD on DIR/lun0.nbd.
@@ -150,6 +152,27 @@ target-restart)
     sleep 0.2
   done
   say "RESTART: the kernel logged in again $(awk -v a="$killed" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s after the SIGKILL"
+  wait "$spid"
+  ;;
+target-addlun)
+  # As target, and once the kernel has written through its session, LUN 1 (16 MiB RAM) is
+  # added with srpctl while the session stays logged in: the kernel gets REPORTED LUNS DATA HAS
+  # CHANGED and finds the LUN on a scan (the guest's live_lun_check, LIVE_LUN_WAIT_S).
+  [ -x "$SRPCTL" ] || die "target-addlun needs srpctl ($SRPCTL)"
+  target_conf
+  "$SRPD" -c "$CONF" --drain-timeout 3s &
+  spid=$!
+  trap 'kill -TERM "$spid" 2>/dev/null || true; wait "$spid"; exit $?' TERM INT
+  for i in $(seq 1 1500); do
+    [ "$(sessions_with_writes 0)" -ge 1 ] && break
+    kill -0 "$spid" 2>/dev/null || die "srpd exited before the kernel wrote through it"
+    [ "$i" -lt 1500 ] || die "no session with writes after 300 s"
+    sleep 0.2
+  done
+  "$SRPCTL" --socket "$DIR/srpd.sock" --timeout 10s lun add interop 1 --backend ram --size 16MiB >&2 ||
+    die "srpctl lun add failed"
+  say "LIVE: LUN 1 added while the kernel's session is logged in"
+  "$SRPCTL" --socket "$DIR/srpd.sock" --timeout 10s session list >&2 || true
   wait "$spid"
   ;;
 initiator)

@@ -1,4 +1,5 @@
-# Copied from ../shared/interop/guest/initiator.sh (unchanged below this line).
+# Copied from ../shared/interop/guest/initiator.sh (unchanged below this line, but for
+# live_lun_check and its call before the logout, run when LIVE_LUN_WAIT_S is set).
 # SRP initiator role (sourced by /init): ib_srp over rxe0, RDMA/CM login to
 # $DEST_IP:$SRP_PORT, then a checksummed O_DIRECT workload (and fio if asked).
 # When CTRL=1 (kernel-pair) the kernel target guest is told the expected
@@ -83,6 +84,44 @@ dd_pass() {
     [ "$bad" = 0 ]
 }
 
+# live_lun_check: the target adds LUN 1 while this session is logged in (srpd with
+# scripts/interop-srpd.sh target-addlun). The kernel gets REPORTED LUNS DATA HAS CHANGED on its
+# next command and logs it (scsi_report_lun_change), but only a scan adds the disk: scan the SRP
+# host (REPORT LUNS) until LUN 1 appears, read it, and check it is the same session (one remote
+# port, the same one, no reconnect in the kernel log).
+live_lun_check() {
+    port0=$(ls /sys/class/srp_remote_ports)
+    host=""
+    for h in /sys/class/scsi_host/host*; do [ -e "$h/orig_dgid" ] && host=$(basename "$h"); done
+    [ -n "$host" ] || { log "LIVE-LUN-FAIL: no SRP SCSI host"; return 1; }
+    dd if="/dev/$disk" of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null # a command to carry the unit attention
+    t0=$(cut -d' ' -f1 /proc/uptime)
+    dev=""; i=0
+    while [ -z "$dev" ] && [ "$i" -lt $((LIVE_LUN_WAIT_S * 2)) ]; do
+        echo "- - -" > "/sys/class/scsi_host/$host/scan"
+        for d in /sys/class/scsi_host/$host/device/target*/*:*:*:1/block/*; do
+            [ -e "$d" ] && dev=$(basename "$d")
+        done
+        [ -n "$dev" ] || { sleep 0.5; i=$((i + 1)); }
+    done
+    [ -n "$dev" ] || { log "LIVE-LUN-FAIL: no LUN 1 after ${LIVE_LUN_WAIT_S}s of scans"; return 1; }
+    t1=$(cut -d' ' -f1 /proc/uptime)
+    wait_for 10 "/dev/$dev" test -b "/dev/$dev" || return 1
+    bytes=$(($(cat "/sys/block/$dev/size") * 512))
+    if ! dd if="/dev/$dev" of=/dev/null bs=1048576 count=1 iflag=direct 2>/tmp/dd.err; then
+        log "LIVE-LUN-FAIL: reading /dev/$dev: $(tr '\n' ' ' < /tmp/dd.err)"; return 1
+    fi
+    port1=$(ls /sys/class/srp_remote_ports)
+    logins=$(dmesg | grep -c 'ib_srp: new target')
+    reconnects=$(dmesg | grep -c 'ib_srp: reconnect succeeded')
+    if [ "$port1" != "$port0" ] || [ "$logins" != 1 ] || [ "$reconnects" != 0 ]; then
+        log "LIVE-LUN-FAIL: not the same session (remote ports '$port0' -> '$port1', $logins logins, $reconnects reconnects)"
+        return 1
+    fi
+    dmesg | grep -iE 'LUN assignments|reported luns|scsi 0:0:0:1|sd 0:0:0:1' | tail -n 4 | sed 's/^/    /'
+    log "LIVE-LUN-OK /dev/$dev (LUN 1, $bytes bytes) found $(awk "BEGIN{print $t1-$t0}")s after the first scan, read, same session ($port1)"
+}
+
 run_fio() {
     [ -x /usr/bin/fio ] || { log "FIO requested but fio is not in the image (install fio on the host, rerun setup)"; return 1; }
     # from 8 MiB on, clear of the dd regions (so kernel-pair's target-side check still holds)
@@ -149,6 +188,9 @@ initiator_body() {
         run_fio || RESULT=FAIL
     fi
 
+    if [ "$RESULT" = PASS ] && [ -n "${LIVE_LUN_WAIT_S:-}" ]; then
+        live_lun_check || RESULT=FAIL
+    fi
     for p in /sys/class/srp_remote_ports/*; do [ -e "$p/delete" ] && echo 1 > "$p/delete"; done
     wait_for 20 "logout" sh -c '! ls /sys/class/srp_remote_ports/* >/dev/null 2>&1' || true
     log "logged out"

@@ -426,10 +426,10 @@ func (t *Target) admitLocked(dev transport.Device, req *srp.LoginReq, d *LoginDe
 	}
 	n := int64(l.total)
 	d.memNeed = n
-	if t.lim.MaxMemory > 0 && t.memUsed+n > t.lim.MaxMemory {
+	if t.limits().MaxMemory > 0 && t.memUsed+n > t.limits().MaxMemory {
 		return CauseMemoryBudget
 	}
-	if newSession && t.lim.MaxSessions > 0 && t.nSess >= t.lim.MaxSessions {
+	if newSession && t.limits().MaxSessions > 0 && t.nSess >= t.limits().MaxSessions {
 		return CauseSessionLimit
 	}
 	if !t.budget.takeMemory(n, pl) {

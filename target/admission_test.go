@@ -199,7 +199,12 @@ func TestMemoryBudget(t *testing.T) {
 		set  func()
 	}{
 		{"budget", func() { e.tgt.budget = NewBudget(BudgetConfig{MaxMemory: 2*per + per/2}) }},
-		{"target", func() { e.tgt.budget = NewBudget(BudgetConfig{}); e.tgt.lim.MaxMemory = 2*per + per/2 }},
+		{"target", func() {
+			e.tgt.budget = NewBudget(BudgetConfig{})
+			l := e.tgt.Limits()
+			l.MaxMemory = 2*per + per/2
+			mustSetLimits(t, e.tgt, l)
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			c.set()
@@ -231,7 +236,16 @@ func TestMemoryBudget(t *testing.T) {
 			}
 		})
 	}
-	e.tgt.lim.MaxMemory = 0
+	l := e.tgt.Limits()
+	l.MaxMemory = 0
+	mustSetLimits(t, e.tgt, l)
+}
+
+func mustSetLimits(t *testing.T, tg *Target, l Limits) {
+	t.Helper()
+	if err := tg.SetLimits(l); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestAdmitRequest checks the pending-login table with a fake clock: the per-source rate,

@@ -265,7 +265,7 @@ func (ch *channel) run() {
 	}
 	notify := ch.cqp.Notify()
 	var tick <-chan time.Time
-	if p := ch.t.lim.maintenancePeriod(); p > 0 {
+	if p := ch.t.limits().maintenancePeriod(); p > 0 {
 		tk := time.NewTicker(p)
 		defer tk.Stop()
 		tick = tk.C
@@ -364,7 +364,7 @@ func (ch *channel) maintain(now time.Time) {
 	if ch.st() != chLive {
 		return
 	}
-	lim := &ch.t.lim
+	lim := ch.t.limits()
 	if ka := lim.KeepAliveInterval; ka > 0 {
 		switch {
 		case ch.kaOut && !now.Before(ch.kaDeadline):
@@ -429,7 +429,7 @@ func (ch *channel) checkStalls(now time.Time, st time.Duration) {
 	ch.t.stats.stalls.Add(1)
 	ch.stats.stalls.Add(1)
 	worst.stallSince = now // report a still-stuck command again one timeout later, not every tick
-	if ch.t.lim.StallAction == StallLog {
+	if ch.t.limits().StallAction == StallLog {
 		ch.log.Warn("command stalled on the transport", zap.Stringer("state", worst.state),
 			zap.Duration("waiting", oldest), zap.Binary("tag", worst.tag[:]))
 		return
@@ -506,7 +506,7 @@ func (ch *channel) startClose(reason *srp.TLogoutReason, why string) {
 		n, _ := srp.TLogout(b).Encode(&srp.TLogoutFields{Reason: *reason})
 		if ch.postCtl(0, n, true) {
 			ch.stats.tlogouts.Add(1)
-			ch.dl = time.Now().Add(ch.t.lim.LogoutTimeout)
+			ch.dl = time.Now().Add(ch.t.limits().LogoutTimeout)
 			ch.log.Debug("sent T_LOGOUT", zap.Stringer("reason", *reason))
 			return
 		}
@@ -518,7 +518,7 @@ func (ch *channel) startClose(reason *srp.TLogoutReason, why string) {
 // outstanding work request flushes.
 func (ch *channel) disconnect() {
 	ch.state.Store(uint32(chDraining))
-	ch.dl = time.Now().Add(ch.t.lim.TeardownTimeout)
+	ch.dl = time.Now().Add(ch.t.limits().TeardownTimeout)
 	if ch.conn != nil {
 		if err := ch.conn.Disconnect(nil); err != nil {
 			ch.log.Debug("disconnect", zap.Error(err))
@@ -607,7 +607,7 @@ func (ch *channel) initCompletions() {
 	ch.router.Route(kindKA, ch.onKAWC)
 	ch.router.Unknown(ch.onUnknownWC)
 	ch.cqp = cqpoll.New(cqpoll.Config{
-		CQ: ch.cq, Handler: (*cqHandler)(ch), NoEngine: ch.t.lim.NoCompletionHandler,
+		CQ: ch.cq, Handler: (*cqHandler)(ch), NoEngine: ch.t.limits().NoCompletionHandler,
 		Runs: &ch.t.stats.handlerBatches,
 	})
 }

@@ -270,3 +270,18 @@ func (t *Target) DrainLUN(ctx context.Context, l *scsi.LUN) error {
 		}
 	}
 }
+
+// SetLimits replaces the target's limits while it runs, without logging anybody out: new
+// logins negotiate with them (channels, queue depth, IU lengths, immediate data, RDMA depth),
+// the admission bounds (sessions, registered memory) apply from the next login on, and the
+// channels logged in keep what they negotiated but take the run-time bounds (keep-alive,
+// stall timeout and action, logout and teardown timeouts) at once. LUN queues keep the
+// workers they were created with. Nothing changes when l is invalid.
+func (t *Target) SetLimits(l Limits) error {
+	lim := l.withDefaults()
+	if err := lim.validate(); err != nil {
+		return fmt.Errorf("target %s: %w", t.name, err)
+	}
+	t.lim.Store(&lim)
+	return nil
+}

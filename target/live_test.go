@@ -197,3 +197,42 @@ func TestReconfigureDefaultACL(t *testing.T) {
 	a2.clearUA(0)
 	wantGoodTUR(t, a2, 0)
 }
+
+// TestSetLimitsLive: new limits while a session is logged in: the next login negotiates them
+// (its request limit is the new queue depth), the session logged in keeps working with what it
+// negotiated and is not logged out, and invalid limits change nothing.
+func TestSetLimitsLive(t *testing.T) {
+	e := newEnv(t, envOpts{nLUNs: 1, plainRAM: true,
+		acls:   func([]*scsi.LUN) []ACL { return nil },
+		defACL: func(l []*scsi.LUN) *ACL { return &ACL{LUNs: []LUNMapping{{Number: 0, LUN: l[0]}}} },
+	})
+	a := e.mustLogin(defaultLogin())
+	a.clearUA(0)
+	before := e.tgt.Limits()
+	if int(a.reqLim) != before.QueueDepth {
+		t.Fatalf("first login: request limit %d, queue depth %d", a.reqLim, before.QueueDepth)
+	}
+	l := before
+	l.QueueDepth = before.QueueDepth / 2
+	if err := e.tgt.SetLimits(l); err != nil {
+		t.Fatal(err)
+	}
+	bad := l
+	bad.QueueDepth = 5000
+	if err := e.tgt.SetLimits(bad); err == nil {
+		t.Fatal("invalid limits accepted")
+	}
+	if got := e.tgt.Limits().QueueDepth; got != l.QueueDepth {
+		t.Fatalf("queue depth %d after a refused change, want %d", got, l.QueueDepth)
+	}
+	b := e.mustLogin(func() srp.LoginReq { r := defaultLogin(); r.InitiatorPortID = iPort2; return r }())
+	if int(b.reqLim) != l.QueueDepth {
+		t.Fatalf("login after the change: request limit %d, want the new queue depth %d", b.reqLim, l.QueueDepth)
+	}
+	if r, _ := a.simple(0, tur, 0); r.Status() != 0 {
+		t.Fatalf("the session logged in before the change: TEST UNIT READY status %#x", r.Status())
+	}
+	if ids := sessionIDs(e.tgt); len(ids) != 2 {
+		t.Fatalf("sessions %v: the change logged someone out", ids)
+	}
+}

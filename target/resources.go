@@ -34,7 +34,7 @@ const (
 // on purpose: the cleanups close over the local ch, and a named result would be set to nil by
 // `return nil, err` before they run (the login-flood panic at the QP limit).
 func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *LoginDecision) (_ *channel, err error) {
-	lim := &t.lim
+	lim := t.limits()
 	attr := dev.Attr()
 	l, err := t.layout(attr, d, dev.Name())
 	if err != nil {
@@ -185,7 +185,7 @@ type chLayout struct {
 // layout computes the resources a channel for decision d takes on a device with attr. Login
 // uses it to check the memory budget before anything is allocated.
 func (t *Target) layout(attr transport.DeviceAttr, d *LoginDecision, devName string) (chLayout, error) {
-	lim := &t.lim
+	lim := t.limits()
 	var l chLayout
 	depth := d.QueueDepth
 	l.depth = depth

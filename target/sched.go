@@ -65,8 +65,8 @@ type lunQueue struct {
 const workerLinger = 100 * time.Millisecond
 
 func newLUNQueue(t *Target, l *scsi.LUN) *lunQueue {
-	return &lunQueue{t: t, lun: l, max: t.lim.LUNWorkers, fast: !t.lim.NoInline && fastLUN(l),
-		kick: make(chan struct{}, t.lim.LUNWorkers)}
+	return &lunQueue{t: t, lun: l, max: t.limits().LUNWorkers, fast: !t.limits().NoInline && fastLUN(l),
+		kick: make(chan struct{}, t.limits().LUNWorkers)}
 }
 
 // fastLUN tells whether l's commands may execute inline (see lunQueue), which may be on the

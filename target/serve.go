@@ -193,7 +193,7 @@ func (t *Target) rejectRequest(cr transport.ConnRequest, c RejectCause) {
 	if r, err := ParseLoginReq(cr.PrivateData()); err == nil {
 		lr = r
 	}
-	d := LoginDecision{Rej: srp.LoginRejFields{Reason: srp.RejInsufficientResources, Tag: lr.Tag, BufFmt: t.lim.BufFormats}, Cause: c}
+	d := LoginDecision{Rej: srp.LoginRejFields{Reason: srp.RejInsufficientResources, Tag: lr.Tag, BufFmt: t.limits().BufFormats}, Cause: c}
 	t.loginRejected(&lr, ConnInfo{Local: ri.LocalAddr, Remote: ri.RemoteAddr}, &d, nil)
 	var rej [srp.LoginRejLen]byte
 	_, _ = srp.LoginRej(rej[:]).Encode(&d.Rej)
@@ -226,7 +226,7 @@ func (t *Target) handleConnRequest(l *queuedLogin, dev transport.Device) {
 			t.log.Info("login rejected: malformed login request", zap.Stringer("remote", ri.RemoteAddr),
 				zap.Int("not_logged_since", n), zap.Error(err))
 		}
-		_, _ = srp.LoginRej(rej[:]).Encode(&srp.LoginRejFields{Reason: srp.RejUnableEstablishChannel, BufFmt: t.lim.BufFormats})
+		_, _ = srp.LoginRej(rej[:]).Encode(&srp.LoginRejFields{Reason: srp.RejUnableEstablishChannel, BufFmt: t.limits().BufFormats})
 		_ = cr.Reject(rej[:], transport.RejectConsumerDefined)
 		l.done()
 		return
@@ -242,9 +242,9 @@ func (t *Target) handleConnRequest(l *queuedLogin, dev transport.Device) {
 	}
 	param := transport.ConnParam{
 		// We never let the initiator read from us; accept what it offers anyway (ib_srpt: 4).
-		ResponderResources: min(ri.ResponderResources, t.lim.MaxInitiatorDepth),
+		ResponderResources: min(ri.ResponderResources, t.limits().MaxInitiatorDepth),
 		// RDMA READs towards the initiator: at least 1, at most what it offers.
-		InitiatorDepth: max(1, min(ri.InitiatorDepth, t.lim.MaxInitiatorDepth)),
+		InitiatorDepth: max(1, min(ri.InitiatorDepth, t.limits().MaxInitiatorDepth)),
 		RNRRetryCount:  7,
 		FlowControl:    true,
 	}

@@ -25,7 +25,7 @@ var ErrClosed = errors.New("target: closed")
 type Target struct {
 	name   string
 	portID srp.PortID
-	lim    Limits
+	lim    atomic.Pointer[Limits] // limits(): replaced whole by Reconfigure
 	log    *zap.Logger
 
 	mu       sync.Mutex
@@ -89,7 +89,6 @@ func New(cfg Config) (*Target, error) {
 	t := &Target{
 		name:      name,
 		portID:    cfg.PortID,
-		lim:       lim,
 		log:       log.With(zap.String("target", name)),
 		acls:      make(map[srp.PortID]*view),
 		sessions:  make(map[srp.PortID]*session),
@@ -99,6 +98,7 @@ func New(cfg Config) (*Target, error) {
 		budget:    cfg.Budget,
 		onChannel: cfg.OnChannel,
 	}
+	t.lim.Store(&lim)
 	if t.budget == nil {
 		t.budget = NewBudget(BudgetConfig{})
 	}
@@ -131,7 +131,12 @@ func (t *Target) Name() string { return t.name }
 func (t *Target) PortID() srp.PortID { return t.portID }
 
 // Limits are the effective limits (defaults filled in).
-func (t *Target) Limits() Limits { return t.lim }
+func (t *Target) Limits() Limits { return *t.limits() }
+
+// limits are the target's current limits: what Reconfigure last set (an immutable snapshot).
+// New logins negotiate with them; the channels logged in keep what they negotiated, and read
+// the run-time bounds (keep-alive, stall action, logout and teardown timeouts) from here.
+func (t *Target) limits() *Limits { return t.lim.Load() }
 
 func (t *Target) queueFor(l *scsi.LUN) *lunQueue {
 	if l == nil {
@@ -148,7 +153,7 @@ func (t *Target) queueFor(l *scsi.LUN) *lunQueue {
 }
 
 func (t *Target) policyLocked() loginPolicy {
-	return loginPolicy{portID: t.portID, lim: t.lim, acls: t.acls, defaultView: t.defView, closing: t.closing}
+	return loginPolicy{portID: t.portID, lim: *t.limits(), acls: t.acls, defaultView: t.defView, closing: t.closing}
 }
 
 func (t *Target) existingLocked(ini srp.PortID) int {
@@ -298,7 +303,7 @@ func (t *Target) login1(dev transport.Device, req srp.LoginReq, info ConnInfo, p
 	// takes over the old one's slot).
 	if c := t.admitLocked(dev, &req, &d, s == nil, pl); c != CauseNone {
 		t.mu.Unlock()
-		d = LoginDecision{Rej: srp.LoginRejFields{Reason: srp.RejInsufficientResources, Tag: req.Tag, BufFmt: t.lim.BufFormats},
+		d = LoginDecision{Rej: srp.LoginRejFields{Reason: srp.RejInsufficientResources, Tag: req.Tag, BufFmt: t.limits().BufFormats},
 			Cause: c, memNeed: d.memNeed}
 		if report {
 			t.loginRejected(&req, info, &d, nil)
@@ -355,7 +360,7 @@ func (t *Target) login1(dev transport.Device, req srp.LoginReq, info ConnInfo, p
 		s.reserved--
 		t.endSessionIfEmptyLocked(s)
 		t.mu.Unlock()
-		d = LoginDecision{Rej: srp.LoginRejFields{Reason: srp.RejInsufficientResources, Tag: req.Tag, BufFmt: t.lim.BufFormats},
+		d = LoginDecision{Rej: srp.LoginRejFields{Reason: srp.RejInsufficientResources, Tag: req.Tag, BufFmt: t.limits().BufFormats},
 			Cause: CauseResources}
 		if report {
 			t.loginRejected(&req, info, &d, err)
@@ -375,7 +380,7 @@ func (t *Target) login1(dev transport.Device, req srp.LoginReq, info ConnInfo, p
 	if t.closing { // Close ran meanwhile and could not see this channel
 		t.mu.Unlock()
 		pc.Abort()
-		d = LoginDecision{Rej: srp.LoginRejFields{Reason: srp.RejInsufficientResources, Tag: req.Tag, BufFmt: t.lim.BufFormats},
+		d = LoginDecision{Rej: srp.LoginRejFields{Reason: srp.RejInsufficientResources, Tag: req.Tag, BufFmt: t.limits().BufFormats},
 			Cause: CauseShuttingDown}
 		if report {
 			t.loginRejected(&req, info, &d, nil)

@@ -9,8 +9,8 @@ import (
 // A running target takes most changes of its configuration live: the daemon applies them
 // without a restart, so that the initiators logged in stay logged in and are told with unit
 // attentions. Only port-level changes (the transport, the port ID, the listen addresses, the
-// CM port) and changes of what every channel negotiated at login (limits) or every LUN was
-// created with (alua) restart it. PlanTarget decides which; the daemon's apply, its reload
+// CM port) and changes of what every LUN was created with (alua) restart it; limits apply to
+// new logins (and their run-time bounds at once). PlanTarget decides which; the daemon's apply, its reload
 // and `srpctl reload --dry-run` / `config diff` all use it.
 
 // LiveOpKind is the kind of one live change of a target.
@@ -40,6 +40,9 @@ const (
 	// ACLChange: the view changes in place (LUNs in or out: REPORTED LUNS DATA HAS CHANGED;
 	// write protection: MODE PARAMETERS CHANGED), to that ACL's sessions only.
 	ACLChange LiveOpKind = "acl-change"
+	// LimitsChange: new logins negotiate the new limits; the channels logged in keep what
+	// they negotiated and take the run-time bounds (keep-alive, stall, timeouts) at once.
+	LimitsChange LiveOpKind = "limits"
 )
 
 // LiveOp is one live change of a target.
@@ -120,11 +123,13 @@ func PlanTarget(old, new *Target, recheck ...int) TargetPlan {
 	why(old.PortID != new.PortID, "port_id changed")
 	why(!slices.Equal(old.Listen, new.Listen), "listen changed")
 	why(old.CMPort != new.CMPort, "cm_port changed")
-	why(!reflect.DeepEqual(old.Limits, new.Limits), "limits changed")
 	why(!reflect.DeepEqual(old.ALUA, new.ALUA), "alua changed")
 	if len(p.Why) > 0 {
 		p.Restart = true
 		return p
+	}
+	if !reflect.DeepEqual(old.Limits, new.Limits) {
+		p.Ops = append(p.Ops, LiveOp{Kind: LimitsChange, Detail: "new logins negotiate them"})
 	}
 	var removed []LiveOp
 	for _, ol := range old.LUNs {

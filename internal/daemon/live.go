@@ -75,6 +75,16 @@ func (d *Daemon) applyLive(ctx context.Context, oc, nc *config.Target, p config.
 			log.Info("LUN write protection changed", zap.Int("lun", op.LUN), zap.Bool("read_only", ro))
 		case config.LUNReopen:
 			reopen[op.LUN] = true
+		case config.LimitsChange:
+			lim := stack.TargetConfig(nc, nil, d.log).Limits
+			lim.MaxTransfer = rt.Port.Limits().MaxTransfer // not configurable: what the target started with
+			if err := rt.Port.SetLimits(lim); err != nil {
+				return err
+			}
+			d.mu.Lock()
+			rt.Config.Limits = nc.Limits
+			d.mu.Unlock()
+			log.Info("limits changed: new logins negotiate them")
 		case config.LUNRemove:
 			if lr != nil {
 				delete(luns, op.LUN)

@@ -9,8 +9,8 @@ import (
 // A running target takes most changes of its configuration live: the daemon applies them
 // without a restart, so that the initiators logged in stay logged in and are told with unit
 // attentions. Only port-level changes (the transport, the port ID, the listen addresses, the
-// CM port) and changes of what every LUN was created with (alua) restart it; limits apply to
-// new logins (and their run-time bounds at once). PlanTarget decides which; the daemon's apply, its reload
+// CM port) restart it; limits apply to new logins (and their run-time bounds at once), and a
+// change of the alua section reopens every LUN (each is built with its port groups). PlanTarget decides which; the daemon's apply, its reload
 // and `srpctl reload --dry-run` / `config diff` all use it.
 
 // LiveOpKind is the kind of one live change of a target.
@@ -123,7 +123,6 @@ func PlanTarget(old, new *Target, recheck ...int) TargetPlan {
 	why(old.PortID != new.PortID, "port_id changed")
 	why(!slices.Equal(old.Listen, new.Listen), "listen changed")
 	why(old.CMPort != new.CMPort, "cm_port changed")
-	why(!reflect.DeepEqual(old.ALUA, new.ALUA), "alua changed")
 	if len(p.Why) > 0 {
 		p.Restart = true
 		return p
@@ -131,6 +130,7 @@ func PlanTarget(old, new *Target, recheck ...int) TargetPlan {
 	if !reflect.DeepEqual(old.Limits, new.Limits) {
 		p.Ops = append(p.Ops, LiveOp{Kind: LimitsChange, Detail: "new logins negotiate them"})
 	}
+	aluaChanged := !reflect.DeepEqual(old.ALUA, new.ALUA)
 	var removed []LiveOp
 	for _, ol := range old.LUNs {
 		nl := new.LUN(ol.ID)
@@ -138,7 +138,11 @@ func PlanTarget(old, new *Target, recheck ...int) TargetPlan {
 			removed = append(removed, LiveOp{Kind: LUNRemove, LUN: ol.ID})
 			continue
 		}
-		p.Ops = append(p.Ops, planLUN(&ol, nl, slices.Contains(recheck, ol.ID))...)
+		ops := planLUN(&ol, nl, slices.Contains(recheck, ol.ID))
+		if aluaChanged && !slices.ContainsFunc(ops, func(o LiveOp) bool { return o.Kind == LUNReopen }) {
+			ops = append(ops, LiveOp{Kind: LUNReopen, LUN: nl.ID, Detail: "alua changed"})
+		}
+		p.Ops = append(p.Ops, ops...)
 	}
 	for _, nl := range new.LUNs {
 		if old.LUN(nl.ID) == nil {

@@ -32,7 +32,8 @@ func TestPlanTarget(t *testing.T) {
 		{name: "transport", change: func(t *Target) { t.Transport = "eth" }, restart: []string{"transport changed"}},
 		{name: "limits: live, for new logins", change: func(t *Target) { t.Limits.QueueDepth = 128 },
 			ops: []LiveOp{{Kind: LimitsChange, Detail: "new logins negotiate them"}}},
-		{name: "alua", change: func(t *Target) { t.ALUA = &ALUA{Group: 1} }, restart: []string{"alua changed"}},
+		{name: "alua: every LUN reopened", change: func(t *Target) { t.ALUA = &ALUA{Group: 1} },
+			ops: []LiveOp{{Kind: LUNReopen, LUN: 0, Detail: "alua changed"}, {Kind: LUNReopen, LUN: 1, Detail: "alua changed"}}},
 		{name: "restart wins over live changes", change: func(t *Target) { t.PortID = MakePortID(9, 9); t.LUNs = t.LUNs[:1] },
 			restart: []string{"port_id changed"}},
 		{name: "LUN added", change: func(t *Target) {

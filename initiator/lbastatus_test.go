@@ -1,10 +1,8 @@
 package initiator
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -76,17 +74,7 @@ func TestNBDMapShowsHoles(t *testing.T) {
 	if err := srv.AddExport("lun0", NBDDevice(l), nbd.ExportOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(t.TempDir(), "nbd.sock")
-	if _, err := srv.ListenUnix(sock); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	sock := serveUnix(t, srv)
 	out := runTool(t, "nbdinfo", "--map", "--json", fmt.Sprintf("nbd+unix:///lun0?socket=%s", sock))
 	var m []struct {
 		Offset, Length int64

@@ -39,6 +39,23 @@ func runTool(t *testing.T, name string, args ...string) string {
 	return string(out)
 }
 
+// serveUnix serves srv on a unix socket in t.TempDir() until the test ends and returns its path.
+func serveUnix(t *testing.T, srv *nbd.Server) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "nbd.sock")
+	if _, err := srv.ListenUnix(sock); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return sock
+}
+
 // TestNBDExport runs the whole chain: qemu-io and nbdcopy talk NBD to the NBD server, which
 // serves a LUN of an SRP session (NBDDevice) to the srpd target over softroce.
 func TestNBDExport(t *testing.T) {
@@ -68,17 +85,7 @@ func testNBDExport(t *testing.T, direct bool) {
 	if err := srv.AddExport("lun0", NBDDevice(l), nbd.ExportOptions{Description: l.Info().IDString()}); err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(t.TempDir(), "nbd.sock")
-	if _, err := srv.ListenUnix(sock); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	sock := serveUnix(t, srv)
 	uri := fmt.Sprintf("nbd+unix:///lun0?socket=%s", sock)
 	out := runTool(t, "qemu-io", "-f", "raw",
 		"-c", "write -P 0xab 0 1M",

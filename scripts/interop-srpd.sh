@@ -110,6 +110,20 @@ sessions_with_writes() {
     grep -o '"write_bytes": *[0-9]*' | awk -F: -v n="$1" '$2 > n { k++ } END { print k + 0 }'
 }
 
+# start_until_written N: start srpd (spid; SIGTERM and SIGINT are passed on) and wait until a
+# session has had more than N bytes written through it.
+start_until_written() {
+  "$SRPD" -c "$CONF" --drain-timeout 3s &
+  spid=$!
+  trap 'kill -TERM "$spid" 2>/dev/null || true; wait "$spid"; exit $?' TERM INT
+  for i in $(seq 1 1500); do
+    [ "$(sessions_with_writes "$1")" -ge 1 ] && return 0
+    kill -0 "$spid" 2>/dev/null || die "srpd exited before the kernel wrote through it"
+    sleep 0.2
+  done
+  die "no session with more than $1 bytes written after 300 s"
+}
+
 # sessions: how many sessions srpd shows.
 sessions() {
   "$SRPCTL" --socket "$DIR/srpd.sock" --timeout 5s -o json session list 2>/dev/null | grep -c '"initiator"' || true
@@ -130,15 +144,7 @@ target-restart)
   [ -x "$SRPCTL" ] || die "target-restart needs srpctl ($SRPCTL)"
   rm -f "$DIR/lun0.img"
   target_conf file
-  "$SRPD" -c "$CONF" --drain-timeout 3s &
-  spid=$!
-  trap 'kill -TERM "$spid" 2>/dev/null || true; wait "$spid"; exit $?' TERM INT
-  for i in $(seq 1 1500); do
-    [ "$(sessions_with_writes "${SRPD_INTEROP_KILL_AFTER_BYTES:-0}")" -ge 1 ] && break
-    kill -0 "$spid" 2>/dev/null || die "srpd exited before the kernel wrote through it"
-    [ "$i" -lt 1500 ] || die "no session with writes after 300 s"
-    sleep 0.2
-  done
+  start_until_written "${SRPD_INTEROP_KILL_AFTER_BYTES:-0}"
   kill -KILL "$spid"
   wait "$spid" 2>/dev/null || true
   killed=$(date +%s.%N)
@@ -160,15 +166,7 @@ target-addlun)
   # CHANGED and finds the LUN on a scan (the guest's live_lun_check, LIVE_LUN_WAIT_S).
   [ -x "$SRPCTL" ] || die "target-addlun needs srpctl ($SRPCTL)"
   target_conf
-  "$SRPD" -c "$CONF" --drain-timeout 3s &
-  spid=$!
-  trap 'kill -TERM "$spid" 2>/dev/null || true; wait "$spid"; exit $?' TERM INT
-  for i in $(seq 1 1500); do
-    [ "$(sessions_with_writes 0)" -ge 1 ] && break
-    kill -0 "$spid" 2>/dev/null || die "srpd exited before the kernel wrote through it"
-    [ "$i" -lt 1500 ] || die "no session with writes after 300 s"
-    sleep 0.2
-  done
+  start_until_written 0
   "$SRPCTL" --socket "$DIR/srpd.sock" --timeout 10s lun add interop 1 --backend ram --size 16MiB >&2 ||
     die "srpctl lun add failed"
   say "LIVE: LUN 1 added while the kernel's session is logged in"

@@ -3,6 +3,7 @@ package target
 import (
 	"encoding/binary"
 	"errors"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -78,6 +79,7 @@ func (ch *channel) handleCmd(slot int, b []byte) bool {
 	c.tag = hdr.Tag()
 	c.solNot = hdr.SolNot()
 	c.credit = true
+	c.start = time.Now()
 	ch.owed++
 	ch.stats.commands.Add(1)
 	if !ch.cr.consume() {
@@ -370,6 +372,7 @@ func (ch *channel) respondCmd(c *ioCtx) {
 	if st != scsi.StatusGood {
 		ch.stats.cmdErrors.Add(1)
 	}
+	ch.account(c, st, r.xferIn, r.xferOut)
 	ch.postChain(c, csSend)
 }
 

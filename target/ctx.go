@@ -58,6 +58,7 @@ type ioCtx struct {
 	solNot  srp.SolNot
 	lunAddr scsi.LUNAddress
 	lun     *scsi.LUN
+	start   time.Time // the SRP_CMD's arrival (latency statistics, lunstats.go)
 
 	// SCSI
 	cmd    scsi.Command

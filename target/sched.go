@@ -49,6 +49,8 @@ type lunQueue struct {
 	lun  *scsi.LUN // nil: commands to LUN numbers outside the view, REPORT LUNS without a LUN
 	max  int
 	fast bool // commands may execute inline (see above)
+	// stats are the LUN's I/O counters (lunstats.go), updated without mu.
+	stats lunCounters
 
 	mu      sync.Mutex
 	pending ctxList // admitted, not yet dispatched, in admission order (qLink)

@@ -52,6 +52,19 @@ type ChannelStats struct {
 	// commands found stalled on the transport (Limits.StallTimeout).
 	KeepAlives uint64
 	Stalls     uint64
+	// Responses counts the SRP_RSPs built for SRP_CMDs and ResponseLatencyNS the time from
+	// their commands' arrival to them (mean latency: its rate over Responses's). ResetUAs
+	// counts the POWER ON/RESET unit attentions among CmdErrors: every new nexus gets one, and
+	// ErrorCount leaves them out.
+	Responses         uint64
+	ResponseLatencyNS uint64
+	ResetUAs          uint64
+}
+
+// ErrorCount is the channel's errors: commands answered with a status other than GOOD (the
+// unit attention of a new nexus excepted), transport errors and IUs that ended the channel.
+func (c *ChannelStats) ErrorCount() uint64 {
+	return c.CmdErrors - min(c.ResetUAs, c.CmdErrors) + c.Errors + c.BadIUs
 }
 
 type chanCounters struct {
@@ -63,6 +76,7 @@ type chanCounters struct {
 	reqLim, pending                                             atomic.Int64
 	returned                                                    atomic.Uint64
 	keepAlives, stalls                                          atomic.Uint64
+	responses, rspLatNS, resetUAs                               atomic.Uint64 // lunstats.go
 }
 
 func (ch *channel) snapshot() ChannelStats {
@@ -81,6 +95,7 @@ func (ch *channel) snapshot() ChannelStats {
 		Errors: c.errors.Load(), CreditsGiven: c.returned.Load(),
 		RWTransfers: ch.pool.Stats().RWTransfers, BigTransfers: c.bigRW.Load(),
 		KeepAlives: c.keepAlives.Load(), Stalls: c.stalls.Load(),
+		Responses: c.responses.Load(), ResponseLatencyNS: c.rspLatNS.Load(), ResetUAs: c.resetUAs.Load(),
 	}
 }
 
@@ -89,6 +104,7 @@ type sessionTotals struct {
 	channels                    int
 	commands, bytesIn, bytesOut uint64
 	taskMgmt, errors, aborted   uint64
+	responses, latencyNS        uint64
 }
 
 func (s *sessionTotals) add(c ChannelStats) {
@@ -97,8 +113,10 @@ func (s *sessionTotals) add(c ChannelStats) {
 	s.bytesIn += c.BytesIn
 	s.bytesOut += c.BytesOut
 	s.taskMgmt += c.TaskMgmt
-	s.errors += c.CmdErrors + c.Errors + c.BadIUs
+	s.errors += c.ErrorCount()
 	s.aborted += c.Aborted
+	s.responses += c.Responses
+	s.latencyNS += c.ResponseLatencyNS
 }
 
 // SessionStats is a snapshot of one I_T nexus.
@@ -115,6 +133,9 @@ type SessionStats struct {
 	TaskMgmt       uint64
 	Errors         uint64
 	Aborted        uint64
+	// Responses and ResponseLatencyNS: see ChannelStats.
+	Responses         uint64
+	ResponseLatencyNS uint64
 }
 
 // TargetStats is a snapshot of the target.
@@ -200,7 +221,7 @@ func (t *Target) Stats() TargetStats {
 			s.Commands += c.Commands
 			s.BytesIn += c.BytesIn
 			s.BytesOut += c.BytesOut
-			s.Errors += c.CmdErrors + c.Errors + c.BadIUs
+			s.Errors += c.ErrorCount()
 		}
 	}
 	return s
@@ -224,6 +245,7 @@ func (t *Target) Sessions() []SessionStats {
 			ClosedChannels: s.closed.channels,
 			Commands:       all.commands, BytesIn: all.bytesIn, BytesOut: all.bytesOut,
 			TaskMgmt: all.taskMgmt, Errors: all.errors, Aborted: all.aborted,
+			Responses: all.responses, ResponseLatencyNS: all.latencyNS,
 		})
 	}
 	return out

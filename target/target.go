@@ -454,7 +454,7 @@ func (t *Target) channelGone(ch *channel) {
 	t.stats.commands.Add(snap.Commands)
 	t.stats.bytesIn.Add(snap.BytesIn)
 	t.stats.bytesOut.Add(snap.BytesOut)
-	t.stats.errors.Add(snap.CmdErrors + snap.Errors + snap.BadIUs)
+	t.stats.errors.Add(snap.ErrorCount())
 	close(ch.done)
 }
 

@@ -71,6 +71,10 @@ var latencyBoundsNS = [...]int64{
 // NumLatencyBuckets is the number of latency buckets: one per bound and the unbounded one.
 const NumLatencyBuckets = len(latencyBoundsNS) + 1
 
+// LatencyBucket returns the index of the latency bucket d falls in (a negative d, from a clock
+// step, in the first).
+func LatencyBucket(d time.Duration) int { return latencyBucket(int64(d)) }
+
 // latencyBucket returns the index of the first bucket whose bound is at least ns.
 func latencyBucket(ns int64) int {
 	lo, hi := 0, len(latencyBoundsNS)
@@ -119,15 +123,15 @@ func statusErrOf(st scsi.Status) int {
 // expects it (Linux's scsi_error.c retries it silently), so it is not an error.
 const ascPowerOnReset = 0x29
 
-// LUNHistogram is a snapshot of a latency histogram: per-bucket (not cumulative) counts, the
+// LatencyHistogram is a snapshot of a latency histogram: per-bucket (not cumulative) counts, the
 // bounds being LatencyBounds, and the sum of the latencies.
-type LUNHistogram struct {
+type LatencyHistogram struct {
 	Buckets [NumLatencyBuckets]uint64
 	SumNS   uint64
 }
 
 // Count is the number of observations.
-func (h *LUNHistogram) Count() uint64 {
+func (h *LatencyHistogram) Count() uint64 {
 	var n uint64
 	for _, b := range h.Buckets {
 		n += b
@@ -143,7 +147,7 @@ type LUNStats struct {
 	// ReadBytes and WriteBytes are the data-in bytes sent and the data-out bytes received.
 	ReadBytes, WriteBytes uint64
 	// Latency from the SRP_CMD's arrival to its SRP_RSP being posted, by operation.
-	Latency [NumLUNOps]LUNHistogram
+	Latency [NumLUNOps]LatencyHistogram
 	// SenseErrors counts CHECK CONDITION answers by sense key (scsi.SenseKey), the unit
 	// attention for a new nexus (ResetUAs) excepted.
 	SenseErrors [16]uint64
@@ -151,6 +155,26 @@ type LUNStats struct {
 	StatusErrors [NumStatusErrs]uint64
 	// ResetUAs counts the POWER ON/RESET unit attentions reported (each new nexus gets one).
 	ResetUAs uint64
+}
+
+// Add adds o's counts to s (the counters of a LUN carried over a restart of its target).
+func (s *LUNStats) Add(o LUNStats) {
+	for op := range s.Commands {
+		s.Commands[op] += o.Commands[op]
+		for b := range s.Latency[op].Buckets {
+			s.Latency[op].Buckets[b] += o.Latency[op].Buckets[b]
+		}
+		s.Latency[op].SumNS += o.Latency[op].SumNS
+	}
+	s.ReadBytes += o.ReadBytes
+	s.WriteBytes += o.WriteBytes
+	for i := range s.SenseErrors {
+		s.SenseErrors[i] += o.SenseErrors[i]
+	}
+	for i := range s.StatusErrors {
+		s.StatusErrors[i] += o.StatusErrors[i]
+	}
+	s.ResetUAs += o.ResetUAs
 }
 
 // Errors is the total of SenseErrors and StatusErrors.

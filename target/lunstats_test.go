@@ -88,6 +88,12 @@ func TestLUNCountersRecord(t *testing.T) {
 	l.record(LUNOpOther, 0, 0, 0, scsi.StatusBusy, 0, 0)
 	l.record(LUNOpOther, 0, 0, 0, scsi.StatusACAActive, 0, 0)
 	s := l.snapshot()
+	var twice LUNStats
+	twice.Add(s)
+	twice.Add(s)
+	if twice.Commands[LUNOpOther] != 10 || twice.Latency[LUNOpWrite].Buckets[5] != 2 || twice.ResetUAs != 2 || twice.Errors() != 10 || twice.WriteBytes != 1024 {
+		t.Errorf("Add twice: %+v", twice)
+	}
 	if s.ReadBytes != 4096 || s.WriteBytes != 512 || s.Commands != [NumLUNOps]uint64{1, 2, 5} {
 		t.Errorf("bytes %d/%d, commands %v", s.ReadBytes, s.WriteBytes, s.Commands)
 	}
@@ -120,7 +126,7 @@ func TestLatencyBucket(t *testing.T) {
 			t.Errorf("latencyBucket(%d) = %d, want %d", ns+1, got, i+1)
 		}
 	}
-	if latencyBucket(0) != 0 || latencyBucket(1<<62) != NumLatencyBuckets-1 {
+	if latencyBucket(0) != 0 || latencyBucket(1<<62) != NumLatencyBuckets-1 || LatencyBucket(-time.Second) != 0 || LatencyBucket(time.Millisecond) != 6 {
 		t.Error("extremes")
 	}
 }

@@ -191,17 +191,20 @@ func TestDaemonEndToEnd(t *testing.T) {
 	body := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort))
 	for _, re := range []string{
 		`(?m)^srpd_target_sessions\{target="t1"\} 1$`,
-		`(?m)^srpd_nbd_written_bytes_total\{connection="c1",lun="1"\} [1-9][0-9]*$`,
-		`(?m)^srpd_target_backend_io_duration_seconds_bucket\{target="t1",lun="1",op="write",le="\+Inf"\} [1-9][0-9]*$`,
+		`(?m)^srpd_nbd_written_bytes_total\{connection="c1",lun="1"\} [1-9][0-9.e+]*$`,
+		`(?m)^srpd_target_backend_io_duration_seconds_bucket\{lun="1",op="write",target="t1",le="\+Inf"\} [1-9][0-9.e+]*$`,
 		`(?m)^srpd_softroce_retransmits_total\{transport="lo"\} [0-9]+$`,
 		// The sessions and targets share transport lo: their packets take softroce's
 		// loopback path, none the UDP socket's.
-		`(?m)^srpd_softroce_loopback_packets_total\{transport="lo"\} [1-9][0-9]*$`,
+		`(?m)^srpd_softroce_loopback_packets_total\{transport="lo"\} [1-9][0-9.e+]*$`,
 		`(?m)^srpd_softroce_tx_packets_total\{transport="lo"\} 0$`,
 		`(?m)^# TYPE srpd_nbd_request_duration_seconds histogram$`,
+		// client_golang's Go collector and the per-LUN counters of the target (labels sorted).
+		`(?m)^go_goroutines [1-9][0-9]*$`,
+		`(?m)^srpd_target_lun_commands_total\{lun="1",op="write",target="t1"\} [1-9][0-9.e+]*$`,
 		// Timed through nbd.ExportOptions.Observe (the export stays an AsyncDevice).
-		`(?m)^srpd_nbd_request_duration_seconds_bucket\{connection="c1",lun="1",op="write",le="\+Inf"\} [1-9][0-9]*$`,
-		`(?m)^srpd_nbd_request_duration_seconds_bucket\{connection="c1",lun="1",op="read",le="\+Inf"\} [1-9][0-9]*$`,
+		`(?m)^srpd_nbd_request_duration_seconds_bucket\{connection="c1",lun="1",op="write",le="\+Inf"\} [1-9][0-9.e+]*$`,
+		`(?m)^srpd_nbd_request_duration_seconds_bucket\{connection="c1",lun="1",op="read",le="\+Inf"\} [1-9][0-9.e+]*$`,
 	} {
 		if !regexp.MustCompile(re).MatchString(body) {
 			t.Errorf("metrics lack %s", re)

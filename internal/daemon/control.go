@@ -207,7 +207,7 @@ func (d *Daemon) restartMetrics(m config.Metrics) error {
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /metrics", d.serveMetrics)
+	mux.Handle("GET /metrics", d.metricsHandler())
 	s := &metricsServer{ln: ln, done: make(chan struct{}),
 		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: zap.NewStdLog(d.log)}}
 	go func() {

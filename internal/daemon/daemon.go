@@ -29,6 +29,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/srpd/srpd/internal/config"
@@ -92,6 +93,8 @@ type Daemon struct {
 	failed     map[string]string // "transport/x", "target/x": why it is not running
 	ctl        *controlServer
 	metrics    *metricsServer
+	// registry holds the Prometheus collectors (metrics.go).
+	registry *prometheus.Registry
 	// connRec records the softroce connections for the next instance (connstate.go).
 	connRec *connRecorder
 
@@ -123,9 +126,11 @@ func New(opts Options) *Daemon {
 			opts.RunDirs = strings.Split(rd, ":")
 		}
 	}
-	return &Daemon{opts: opts, log: log, version: v, cfg: emptyConfig(), loaded: emptyConfig(),
+	d := &Daemon{opts: opts, log: log, version: v, cfg: emptyConfig(), loaded: emptyConfig(),
 		transports: map[string]*stack.Transport{}, targets: map[string]*targetRT{}, conns: map[string]*connRT{},
 		failed: map[string]string{}, budget: target.NewBudget(stack.BudgetConfig(&config.GlobalLimits{}))}
+	d.registry = d.newRegistry()
+	return d
 }
 
 func emptyConfig() *config.Config {

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -258,11 +257,10 @@ func TestServiceInProcess(t *testing.T) {
 	h.d.opMu.Unlock()
 
 	// Metrics.
-	var b bytes.Buffer
-	h.d.collect().WriteTo(&b)
+	body := scrape(t, h.d)
 	for _, want := range []string{`srpd_target_sessions{target="a"} 1`, `srpd_connection_up{connection="s"} 1`,
 		`srpd_config_reloads_total 2`, `srpd_config_api_changes_total 4`} {
-		if !strings.Contains(b.String(), want) {
+		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"strings"
 	"testing"
 	"time"
@@ -43,10 +42,8 @@ control:`, 1)
 	if line := h.d.StatusLine(); !strings.Contains(line, "1 object(s) failed (1 session(s) failing to log in)") {
 		t.Errorf("status line %q", line)
 	}
-	var b bytes.Buffer
-	h.d.collect().WriteTo(&b)
-	if !strings.Contains(b.String(), "\nsrpd_failed_objects 1\n") {
-		t.Errorf("metrics:\n%s", b.String())
+	if body := scrape(t, h.d); !strings.Contains(body, "\nsrpd_failed_objects 1\n") {
+		t.Errorf("metrics:\n%s", body)
 	}
 	// Without the failing session the daemon is healthy again.
 	if err := h.c.Disconnect(h.ctx(), "nowhere", ctlapi.MutateOptions{}); err != nil {

@@ -5,11 +5,24 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/target"
 )
 
-// Metric names (Prometheus conventions: srpd_ prefix, _total counters, base units).
+// Metrics go through prometheus/client_golang: a registry per daemon with the Go and process
+// collectors (go_*, process_*) and srpdCollector, which reads the engine's counters at scrape
+// time. Nothing on the I/O path touches client_golang: the target keeps plain atomic counters
+// per channel and per LUN (target/lunstats.go) and the daemon's histograms are lock-free
+// arrays (histogram.go); Collect turns snapshots of them into const metrics.
+//
+// Metric names follow Prometheus conventions: srpd_ prefix, _total counters, base units.
 //
 // frpool state (free/registering/valid/invalidating MRs) is not exported: neither the target's
 // channels nor the initiator's sessions expose their pools' statistics; the target's registered
@@ -26,16 +39,115 @@ var causeNames = func() []string {
 	return out
 }()
 
-func (d *Daemon) serveMetrics(w http.ResponseWriter, _ *http.Request) {
-	e := d.collect()
-	e.processGauges()
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	_, _ = e.WriteTo(w)
+// senseKeyNames label the per-LUN CHECK CONDITION errors: SPC's sense key names in snake case.
+var senseKeyNames = func() [16]string {
+	var out [16]string
+	for k := range out {
+		out[k] = snake(scsi.SenseKey(k).String())
+	}
+	return out
+}()
+
+// usualSenseKeys are the sense keys whose error series every LUN has from the start (so that
+// rate() sees their first increment); the others appear at their first error.
+var usualSenseKeys = [...]scsi.SenseKey{scsi.NotReady, scsi.MediumError, scsi.HardwareError,
+	scsi.IllegalRequest, scsi.UnitAttention, scsi.DataProtect, scsi.AbortedCommand, scsi.Miscompare}
+
+func snake(s string) string {
+	return strings.NewReplacer(" ", "_", "(", "", ")", "").Replace(strings.ToLower(s))
 }
 
-// collect builds the exposition from the engine's counters.
-func (d *Daemon) collect() *expo {
-	e := newExpo()
+// newRegistry returns the daemon's metrics registry.
+func (d *Daemon) newRegistry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&srpdCollector{d: d, descs: map[string]*prometheus.Desc{}})
+	return r
+}
+
+// metricsHandler serves GET /metrics from the registry. A collection error (a bug: a family
+// emitted with inconsistent labels or help) is logged and the other families are served.
+func (d *Daemon) metricsHandler() http.Handler {
+	return promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{
+		ErrorLog:            zap.NewStdLog(d.log.Named("metrics")),
+		ErrorHandling:       promhttp.ContinueOnError,
+		MaxRequestsInFlight: 4,
+	})
+}
+
+// srpdCollector collects srpd's own metrics. It is an unchecked collector (Describe sends
+// nothing): which families and label sets exist follows the configuration (transports, targets,
+// LUNs, connections) and changes with every reload; the registry still checks each scrape for
+// duplicate series and inconsistent families.
+type srpdCollector struct {
+	d *Daemon
+
+	mu    sync.Mutex
+	descs map[string]*prometheus.Desc // by name and label names
+}
+
+func (c *srpdCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (c *srpdCollector) Collect(out chan<- prometheus.Metric) {
+	c.d.collect(&emitter{c: c, out: out})
+}
+
+// emitter turns samples into const metrics. Label sets are given as name, value pairs.
+type emitter struct {
+	c   *srpdCollector
+	out chan<- prometheus.Metric
+}
+
+func (e *emitter) desc(name, help string, kv []string) (*prometheus.Desc, []string) {
+	names := make([]string, 0, len(kv)/2)
+	values := make([]string, 0, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		names = append(names, kv[i])
+		values = append(values, kv[i+1])
+	}
+	key := name + "\x00" + strings.Join(names, "\x00")
+	e.c.mu.Lock()
+	defer e.c.mu.Unlock()
+	d := e.c.descs[key]
+	if d == nil {
+		d = prometheus.NewDesc(name, help, names, nil)
+		e.c.descs[key] = d
+	}
+	return d, values
+}
+
+func (e *emitter) send(m prometheus.Metric, err error) {
+	if err != nil {
+		m = prometheus.NewInvalidMetric(prometheus.NewInvalidDesc(err), err)
+	}
+	e.out <- m
+}
+
+func (e *emitter) counter(name, help string, v uint64, kv ...string) {
+	d, lv := e.desc(name, help, kv)
+	e.send(prometheus.NewConstMetric(d, prometheus.CounterValue, float64(v), lv...))
+}
+
+func (e *emitter) gauge(name, help string, v float64, kv ...string) {
+	d, lv := e.desc(name, help, kv)
+	e.send(prometheus.NewConstMetric(d, prometheus.GaugeValue, v, lv...))
+}
+
+// histogram emits a latency histogram (target.LatencyBounds, in seconds).
+func (e *emitter) histogram(name, help string, h target.LatencyHistogram, kv ...string) {
+	d, lv := e.desc(name, help, kv)
+	bounds := target.LatencyBounds()
+	buckets := make(map[float64]uint64, len(bounds))
+	var cum uint64
+	for i, ub := range bounds {
+		cum += h.Buckets[i]
+		buckets[ub] = cum
+	}
+	e.send(prometheus.NewConstHistogram(d, h.Count(), float64(h.SumNS)/1e9, buckets, lv...))
+}
+
+// collect emits srpd's metrics from the engine's counters.
+func (d *Daemon) collect(e *emitter) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 
@@ -119,11 +231,17 @@ func (d *Daemon) collect() *expo {
 		e.gauge("srpd_target_mrs", "Registered memory regions held by the channels.", float64(st.MRs), l...)
 		e.gauge("srpd_target_registered_memory_bytes", "Memory registered by the channels.", float64(st.MemoryBytes), l...)
 		var granted, reqLim, pending int64
-		for _, ss := range t.Port.Sessions() {
+		sessions := t.Port.Sessions()
+		names := t.sessionNames(sessions)
+		for i, ss := range sessions {
 			for _, c := range ss.Channels {
 				granted += int64(c.QueueDepth)
 				reqLim += c.ReqLim
 				pending += c.PendingCredits
+				cl := []string{"target", name, "session", names[i], "channel", strconv.FormatUint(c.ID, 10)}
+				e.gauge("srpd_target_channel_credits_granted", "Credits granted to a channel at login (its queue depth).", float64(c.QueueDepth), cl...)
+				e.gauge("srpd_target_channel_credits_available", "Credits a channel's initiator holds now (its request limit as the target accounts it).", float64(c.ReqLim), cl...)
+				e.gauge("srpd_target_channel_credits_pending", "Credits a channel owes its initiator (aborted commands), not yet returned.", float64(c.PendingCredits), cl...)
 			}
 		}
 		e.gauge("srpd_target_credits_granted", "Credits granted at login, summed over live channels.", float64(granted), l...)
@@ -133,11 +251,12 @@ func (d *Daemon) collect() *expo {
 			lr := t.luns[id]
 			ls := strconv.Itoa(id)
 			e.gauge("srpd_target_lun_capacity_bytes", "LUN capacity.", float64(lr.Capacity), "target", name, "lun", ls)
+			e.lunStats(name, ls, t.lunStats(lr))
 			for _, op := range []struct {
 				n string
 				h *histogram
 			}{{"read", &lr.io.read}, {"write", &lr.io.write}, {"flush", &lr.io.flush}} {
-				e.histogram("srpd_target_backend_io_duration_seconds", "Backend I/O latency of a LUN (reads, writes, flushes).", op.h,
+				e.histogram("srpd_target_backend_io_duration_seconds", "Backend I/O latency of a LUN (reads, writes, flushes).", op.h.snapshot(),
 					"target", name, "lun", ls, "op", op.n)
 			}
 		}
@@ -197,12 +316,38 @@ func (d *Daemon) collect() *expo {
 				n string
 				h *histogram
 			}{{"read", &x.io.read}, {"write", &x.io.write}, {"flush", &x.io.flush}} {
-				e.histogram("srpd_nbd_request_duration_seconds", "Latency of NBD requests through the SRP initiator (reads, writes, flushes).", op.h,
+				e.histogram("srpd_nbd_request_duration_seconds", "Latency of NBD requests through the SRP initiator (reads, writes, flushes).", op.h.snapshot(),
 					"connection", name, "lun", strconv.Itoa(x.lun), "op", op.n)
 			}
 		}
 	}
-	return e
+}
+
+// lunStats emits the per-LUN I/O counters of LUN lun of target tgt.
+func (e *emitter) lunStats(tgt, lun string, s target.LUNStats) {
+	for op := range target.NumLUNOps {
+		kv := []string{"target", tgt, "lun", lun, "op", op.String()}
+		e.counter("srpd_target_lun_commands_total", "SCSI commands a LUN answered, by operation (read, write, other).", s.Commands[op], kv...)
+		e.histogram("srpd_target_lun_command_duration_seconds",
+			"Latency of a LUN's commands, from the SRP_CMD's arrival to its SRP_RSP, by operation (read, write, other).", s.Latency[op], kv...)
+	}
+	e.counter("srpd_target_lun_read_bytes_total", "Data-in bytes a LUN's commands sent to initiators.", s.ReadBytes, "target", tgt, "lun", lun)
+	e.counter("srpd_target_lun_write_bytes_total", "Data-out bytes a LUN's commands received from initiators.", s.WriteBytes, "target", tgt, "lun", lun)
+	const errHelp = "Commands of a LUN answered with a status other than GOOD, by status and, for CHECK CONDITION, sense key; the unit attention of a new login is not one."
+	usual := [16]bool{}
+	for _, k := range usualSenseKeys {
+		usual[k] = true
+	}
+	for k, n := range s.SenseErrors {
+		if n > 0 || usual[k] {
+			e.counter("srpd_target_lun_errors_total", errHelp, n, "target", tgt, "lun", lun, "status", "check_condition", "sense_key", senseKeyNames[k])
+		}
+	}
+	for i, n := range s.StatusErrors {
+		e.counter("srpd_target_lun_errors_total", errHelp, n, "target", tgt, "lun", lun, "status", target.StatusErrName(i), "sense_key", "none")
+	}
+	e.counter("srpd_target_lun_reset_unit_attentions_total",
+		"POWER ON/RESET unit attentions a LUN reported: one for each new login (I_T nexus) that addresses it, not an error.", s.ResetUAs, "target", tgt, "lun", lun)
 }
 
 func sortedKeys[K int | string, V any](m map[K]V) []K {

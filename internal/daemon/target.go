@@ -16,6 +16,7 @@ import (
 	"github.com/srpd/srpd/internal/stack"
 	"github.com/srpd/srpd/scsi/backend"
 	"github.com/srpd/srpd/srp"
+	"github.com/srpd/srpd/target"
 )
 
 // ---------------------------------------------------------------------------------------------
@@ -27,6 +28,11 @@ import (
 type lunRT struct {
 	*stack.LUN
 	io *ioTimes
+
+	// carried are the LUN's I/O counters (target.LUNStats) of the targets stopped before
+	// the running one: a target restart that keeps the LUN keeps its counters monotonic.
+	mu      sync.Mutex
+	carried target.LUNStats
 }
 
 // ioTimes are the backend's latency histograms.
@@ -160,7 +166,46 @@ func (d *Daemon) startTarget(cfg config.Target, tr *stack.Transport, keep map[in
 
 // stop drains the target (stack.Target.Stop): LUNs in keep stay open, the others are closed.
 func (t *targetRT) stop(ctx context.Context, keep map[int]*lunRT) {
-	t.Stop(ctx, func(id int) bool { return keep[id] != nil && keep[id] == t.luns[id] })
+	kept := func(id int) bool { return keep[id] != nil && keep[id] == t.luns[id] }
+	t.Stop(ctx, kept)
+	for id, lr := range t.luns {
+		if kept(id) {
+			s := t.Port.LUNStats(lr.SCSI)
+			lr.mu.Lock()
+			lr.carried.Add(s)
+			lr.mu.Unlock()
+		}
+	}
+}
+
+// lunStats are lr's I/O counters: those of the running target and those carried over.
+func (t *targetRT) lunStats(lr *lunRT) target.LUNStats {
+	s := t.Port.LUNStats(lr.SCSI)
+	lr.mu.Lock()
+	s.Add(lr.carried)
+	lr.mu.Unlock()
+	return s
+}
+
+// sessionNames returns the API names (sessionID) of the target's sessions, in the order of
+// stats, and forgets the numbers of the sessions that are gone.
+func (t *targetRT) sessionNames(stats []target.SessionStats) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	live := make(map[uint64]bool, len(stats))
+	for _, ss := range stats {
+		live[ss.ID] = true
+	}
+	for id := range t.ids {
+		if !live[id] {
+			delete(t.ids, id)
+		}
+	}
+	out := make([]string, len(stats))
+	for i, ss := range stats {
+		out[i] = sessionID(t.Config.Name, t.numberLocked(ss.ID))
+	}
+	return out
 }
 
 // sessionID names a session in the API: target name, '.', a number the daemon gives each
@@ -180,21 +225,11 @@ func (t *targetRT) numberLocked(id uint64) uint64 {
 func (t *targetRT) sessionInfos() []ctlapi.SessionInfo {
 	stats := t.Port.Sessions()
 	sort.Slice(stats, func(i, j int) bool { return stats[i].ID < stats[j].ID })
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	live := make(map[uint64]bool, len(stats))
-	for _, ss := range stats {
-		live[ss.ID] = true
-	}
-	for id := range t.ids {
-		if !live[id] {
-			delete(t.ids, id)
-		}
-	}
+	names := t.sessionNames(stats)
 	out := make([]ctlapi.SessionInfo, 0, len(stats))
-	for _, ss := range stats {
+	for i, ss := range stats {
 		si := ctlapi.SessionInfo{
-			ID: sessionID(t.Config.Name, t.numberLocked(ss.ID)), Target: t.Config.Name, Initiator: config.PortID(ss.Initiator),
+			ID: names[i], Target: t.Config.Name, Initiator: config.PortID(ss.Initiator),
 			Channels: len(ss.Channels), State: ctlapi.StateLoggedIn,
 			Stats: ctlapi.IOStats{Commands: ss.Commands, ReadBytes: ss.BytesIn, WriteBytes: ss.BytesOut,
 				Errors: ss.Errors, TaskMgmt: ss.TaskMgmt},

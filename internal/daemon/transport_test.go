@@ -103,17 +103,13 @@ func TestVerbsTransportInDaemon(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	e := d.collect()
-	var b strings.Builder
-	if _, err := e.WriteTo(&b); err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(b.String(), "\n") {
+	body := scrape(t, d)
+	for _, line := range strings.Split(body, "\n") {
 		if strings.HasPrefix(line, "srpd_softroce_") && strings.Contains(line, `transport="v"`) {
 			t.Errorf("a softroce counter for the verbs transport: %s", line)
 		}
 	}
-	if !strings.Contains(b.String(), `srpd_softroce_tx_packets_total{transport="lo"}`) {
+	if !strings.Contains(body, `srpd_softroce_tx_packets_total{transport="lo"}`) {
 		t.Errorf("no softroce counters for transport lo")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -128,6 +129,7 @@ func TestMetricsDuringIO(t *testing.T) {
 	for _, p := range problems {
 		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
+	t.Run("promtool", func(t *testing.T) { promtoolCheck(t, during) })
 	for _, re := range []string{
 		`(?m)^go_goroutines [1-9][0-9]*$`,
 		`(?m)^# TYPE process_resident_memory_bytes gauge$`,
@@ -186,6 +188,23 @@ func TestMetricsDuringIO(t *testing.T) {
 	}
 	if e := sampleValue(t, after, `srpd_target_errors_total{target="a"}`); e != 0 {
 		t.Errorf("srpd_target_errors_total %v after a login and good I/O", e)
+	}
+}
+
+// promtoolCheck runs `promtool check metrics` (Debian's prometheus package; .ci/run installs
+// it) on a scrape; it skips, saying so, where promtool is not installed.
+func promtoolCheck(t *testing.T, scrape string) {
+	path, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("SKIPPED: promtool not found (apt-get install prometheus); promlint above checked the scrape")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path, "check", "metrics")
+	cmd.Stdin = strings.NewReader(scrape)
+	out, err := cmd.CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) != 0 {
+		t.Errorf("promtool check metrics: %v\n%s", err, out)
 	}
 }
 

@@ -17,6 +17,7 @@
 //	GET    /v1/sessions[?target=name]              SessionList (initiators logged in to our targets)
 //	GET    /v1/sessions/{id}                       SessionInfo
 //	DELETE /v1/sessions/{id}                       204 (kill: log the initiator out)
+//	GET    /v1/stats[?target=name]                 Stats (I/O counters of LUNs and sessions)
 //	GET    /v1/connections                         ConnectionList (our initiator sessions)
 //	POST   /v1/connections             config.Session → 201 ConnectionInfo (connect)
 //	GET    /v1/connections/{name}                  ConnectionInfo

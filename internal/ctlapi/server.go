@@ -48,6 +48,7 @@ func Handler(svc Service) http.Handler {
 		{"GET /v1/targets/{target}/alua", nil, h.getALUA},
 		{"POST /v1/targets/{target}/alua", nil, h.setALUA},
 		{"GET /v1/sessions", []string{"target"}, h.listSessions},
+		{"GET /v1/stats", []string{"target"}, h.stats},
 		{"GET /v1/sessions/{id}", nil, h.getSession},
 		{"DELETE /v1/sessions/{id}", nil, h.killSession},
 		{"GET /v1/connections", nil, h.listConnections},

@@ -119,6 +119,7 @@ without it the change lasts until srpd restarts or reloads.
 		newConfigCmd(a),
 	)
 	root.AddCommand(packagingCmds(a)...)
+	addStatsCmds(a, root)
 	addWatchToLists(a, root)
 	return root
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -208,6 +209,18 @@ func TestDaemonEndToEnd(t *testing.T) {
 	} {
 		if !regexp.MustCompile(re).MatchString(body) {
 			t.Errorf("metrics lack %s", re)
+		}
+	}
+	// The iostat-like views over the control API's stats (their rates may be 0: no I/O now).
+	for _, args := range [][]string{{"lun", "stats", "t1", "1"}, {"session", "stats", "--target", "t1"}} {
+		code, stdout, stderr := srpctl(t, sock, append(args, "-o", "json", "--interval", "200ms")...)
+		var rep struct {
+			Interval float64           `json:"interval_seconds"`
+			LUNs     []json.RawMessage `json:"luns"`
+			Sessions []json.RawMessage `json:"sessions"`
+		}
+		if err := json.Unmarshal([]byte(stdout), &rep); code != 0 || err != nil || rep.Interval < 0.15 || len(rep.LUNs)+len(rep.Sessions) != 1 {
+			t.Errorf("srpctl %s: exit %d (%v), stdout %q, stderr %q", strings.Join(args, " "), code, err, stdout, stderr)
 		}
 	}
 

@@ -43,7 +43,8 @@ func serveOnce(t *testing.T, base *config.Config, method, target, ctype string, 
 		req.Header.Set("Content-Type", ctype)
 	}
 	rec := httptest.NewRecorder()
-	ctlapi.Handler(fake).ServeHTTP(rec, req)
+	// With the optional services a daemon has (stats), so that their routes are fuzzed too.
+	ctlapi.Handler(ctlapitest.NewStatsFake(fake, ctlapi.Stats{})).ServeHTTP(rec, req)
 	checkResponse(t, rec, method, target, body)
 	if rec.Code < 300 {
 		if err := fake.Config().Validate(); err != nil {

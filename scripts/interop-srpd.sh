@@ -17,6 +17,13 @@
 #       until the kernel has logged in again is printed (RESTART: ... s after the SIGKILL).
 #   interop-srpd.sh target-addlun DIR
 #       As target; once the kernel has written, LUN 1 (16 MiB RAM) is added live with srpctl.
+#   interop-srpd.sh target-alua DIR
+#       As target, but the target port is in ALUA target port group 1 (relative target port 1,
+#       active/optimized) with a peer group 2 (relative target port 2, active/non-optimized),
+#       and LUN 0 is a sparse file (DIR/lun0.img, created empty) with the NAA identifier
+#       $SRPD_INTEROP_NAA (default 6001405abcdef0123456789abcdef012): what the sg3_utils checks
+#       of interop/srp-verbs sg-checks read back; srp-verbs changes group 1's state live with
+#       srpctl target alua.
 #   interop-srpd.sh initiator DIR
 #       A softroce transport on $SRP_INTEROP_ADDR and a session to $SRP_INTEROP_TARGET_ADDR port
 #       $SRP_INTEROP_PORT (the kernel's ib_srpt) whose LUN 0 srpd exports over NBD on DIR/lun0.nbd.
@@ -78,12 +85,23 @@ logging:
 CONF
 }
 
-# target_conf [file]: the target role's configuration; with "file", LUN 0 is a file in DIR (it
-# must outlive a killed srpd), else RAM.
+# target_conf [file|alua]: the target role's configuration; with "file", LUN 0 is a file in DIR
+# (it must outlive a killed srpd), else RAM; "alua" adds the ALUA groups and a file LUN with a
+# fixed NAA (target-alua).
 target_conf() {
-  local lun="{id: 0, backend: ram, size: ${SRPD_INTEROP_LUN_MIB:-64}MiB}"
-  if [ "${1:-}" = file ]; then
+  local lun="{id: 0, backend: ram, size: ${SRPD_INTEROP_LUN_MIB:-64}MiB}" alua=""
+  if [ "${1:-}" = file ] || [ "${1:-}" = alua ]; then
     lun="{id: 0, backend: file, path: $DIR/lun0.img, create: true, size: ${SRPD_INTEROP_LUN_MIB:-64}MiB}"
+  fi
+  if [ "${1:-}" = alua ]; then
+    lun="{id: 0, backend: file, path: $DIR/lun0.img, create: true, size: ${SRPD_INTEROP_LUN_MIB:-64}MiB, naa: ${SRPD_INTEROP_NAA:-6001405abcdef0123456789abcdef012}}"
+    alua="
+    alua:
+      group: 1
+      relative_port: 1
+      state: active/optimized
+      peers:
+        - {group: 2, relative_ports: [2], state: active/non-optimized}"
   fi
   # keepalive_interval 200ms: idle channels are probed with zero-length RDMA WRITEs after
   # 50 ms of idleness, which the guest's rxe must acknowledge (else the channel is torn down and
@@ -98,7 +116,7 @@ targets:
     acls:
       - initiator: "*"
     limits:
-      keepalive_interval: 200ms
+      keepalive_interval: 200ms$alua
 CONF
   } > "$CONF"
   say "srpd -c $CONF:"; sed 's/^/  /' "$CONF" >&2
@@ -172,6 +190,13 @@ target-addlun)
   say "LIVE: LUN 1 added while the kernel's session is logged in"
   "$SRPCTL" --socket "$DIR/srpd.sock" --timeout 10s session list >&2 || true
   wait "$spid"
+  ;;
+target-alua)
+  # A fresh sparse file every run: only what the kernel writes is allocated.
+  rm -f "$DIR/lun0.img"
+  target_conf alua
+  "$SRPD" -c "$CONF" --check >&2 || die "srpd --check refused the configuration"
+  exec "$SRPD" -c "$CONF" --drain-timeout 3s
   ;;
 initiator)
   need SRP_INTEROP_TARGET_ADDR

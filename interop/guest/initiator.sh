@@ -1,5 +1,6 @@
 # Copied from ../shared/interop/guest/initiator.sh (unchanged below this line, but for
-# live_lun_check and its call before the logout, run when LIVE_LUN_WAIT_S is set).
+# live_lun_check and its call before the logout, run when LIVE_LUN_WAIT_S is set, and the
+# sg3_utils checks of sgchecks.sh, run there when SG_CHECKS=1).
 # SRP initiator role (sourced by /init): ib_srp over rxe0, RDMA/CM login to
 # $DEST_IP:$SRP_PORT, then a checksummed O_DIRECT workload (and fio if asked).
 # When CTRL=1 (kernel-pair) the kernel target guest is told the expected
@@ -190,6 +191,10 @@ initiator_body() {
 
     if [ "$RESULT" = PASS ] && [ -n "${LIVE_LUN_WAIT_S:-}" ]; then
         live_lun_check || RESULT=FAIL
+    fi
+    if [ "$RESULT" = PASS ] && [ "${SG_CHECKS:-0}" = 1 ]; then
+        . /etc/sgchecks.sh
+        sg_checks || RESULT=FAIL
     fi
     for p in /sys/class/srp_remote_ports/*; do [ -e "$p/delete" ] && echo 1 > "$p/delete"; done
     wait_for 20 "logout" sh -c '! ls /sys/class/srp_remote_ports/* >/dev/null 2>&1' || true

@@ -31,6 +31,7 @@ CTRL_PORT=5000
 ROCE_PORT=4791
 ID_EXT="${SRP_INTEROP_ID_EXT:-5352500000000003}"
 IOC_GUID="${SRP_INTEROP_IOC_GUID:-5352500000000003}"
+SG_NAA=6001405abcdef0123456789abcdef012   # sg-checks: LUN 0's naa, read back in VPD page 0x83
 
 # ---- knobs ---------------------------------------------------------------------------------
 ACCEL="${SRP_INTEROP_ACCEL:-auto}"

@@ -2,14 +2,18 @@
 # `srp-verbs setup`: host packages, the kernel (from the shared tool's cache) and the guest
 # images: base (busybox, iproute2's rdma, the kernel modules including ib_uverbs and rdma_ucm,
 # the guest scripts) and the rdma-core overlay (libibverbs, librdmacm, the rxe provider and its
-# driver file, ibv_devinfo and rping, with every library ldd lists). Idempotent.
+# driver file, ibv_devinfo and rping, with every library ldd lists) and the sg3_utils overlay
+# (the SG_TOOLS binaries and libsgutils2, for `srp-verbs sg-checks`). Idempotent.
 
 HOST_PKGS=(qemu-system-x86 busybox-static tcpdump tshark iproute2 cpio kmod gzip util-linux coreutils
-           libibverbs1 librdmacm1 ibverbs-providers ibverbs-utils rdmacm-utils)
+           libibverbs1 librdmacm1 ibverbs-providers ibverbs-utils rdmacm-utils sg3-utils)
 GUEST_MODS=(virtio_pci virtio_net crc32_generic rdma_rxe rdma_cm ib_uverbs rdma_ucm
             crct10dif_generic crc64_rocksoft_generic sd_mod scsi_transport_srp ib_srp)
 RXE_PROVIDER=/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
 RXE_DRIVER=/etc/libibverbs.d/rxe.driver
+# Debian's sg3-utils (1.46) put into the sg-checks guest; sg_opcodes is sg3_utils' REPORT
+# SUPPORTED OPERATION CODES / TASK MANAGEMENT FUNCTIONS tool (sg_rep_opcodes in the issue).
+SG_TOOLS=(sg_inq sg_rtpg sg_vpd sg_modes sg_opcodes sg_logs sg_get_lba_status sg_turs sg_readcap sg_decode_sense)
 
 setup_packages() {
     local missing=() p
@@ -59,6 +63,8 @@ images_stamp() {
         echo "${GUEST_MODS[*]}"
         ls -lL /bin/busybox /usr/bin/rdma "$RXE_PROVIDER" "$RXE_DRIVER" /usr/lib/x86_64-linux-gnu/libibverbs.so.1 \
             /usr/lib/x86_64-linux-gnu/librdmacm.so.1
+        echo "${SG_TOOLS[*]}"
+        (cd /usr/bin && ls -lL "${SG_TOOLS[@]}")
     } 2>/dev/null | sha256sum | cut -d' ' -f1
 }
 
@@ -71,7 +77,8 @@ build_images() {
     local v stamp moddir stage m line path rel
     v=$(kver); moddir="$KROOT/lib/modules/$v"
     stamp=$(images_stamp)
-    if [ -f "$IMGDIR/base.cpio.gz" ] && [ -f "$IMGDIR/verbs.cpio.gz" ] && [ "$(cat "$IMGDIR/stamp" 2>/dev/null)" = "$stamp" ]; then
+    if [ -f "$IMGDIR/base.cpio.gz" ] && [ -f "$IMGDIR/verbs.cpio.gz" ] && [ -f "$IMGDIR/sg.cpio.gz" ] \
+        && [ "$(cat "$IMGDIR/stamp" 2>/dev/null)" = "$stamp" ]; then
         echo "setup: images up to date in $IMGDIR"
         return 0
     fi
@@ -116,6 +123,17 @@ build_images() {
     done
     pack_cpio "$stage" "$IMGDIR/verbs.cpio.gz"
     echo "setup: rdma-core overlay $(du -h "$IMGDIR/verbs.cpio.gz" | cut -f1) ($(find "$stage" -type f | wc -l) files)"
+    rm -rf "$stage"
+
+    # sg3_utils, with libsgutils2 (what ldd lists), for the sg-checks guest.
+    stage="$IMGDIR/sg"
+    rm -rf "$stage"; mkdir -p "$stage"
+    for b in "${SG_TOOLS[@]}"; do
+        [ -x "/usr/bin/$b" ] || { echo "setup: /usr/bin/$b missing (sg3-utils not installed?)" >&2; return 1; }
+        copy_with_libs "/usr/bin/$b" "$stage"
+    done
+    pack_cpio "$stage" "$IMGDIR/sg.cpio.gz"
+    echo "setup: sg3_utils overlay $(du -h "$IMGDIR/sg.cpio.gz" | cut -f1) ($(find "$stage" -type f | wc -l) files, $(dpkg-query -W -f='sg3-utils ${Version}' sg3-utils 2>/dev/null))"
     rm -rf "$stage"
     echo "$stamp" > "$IMGDIR/stamp"
 }

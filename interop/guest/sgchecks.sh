@@ -29,9 +29,10 @@ group_state() {
         cur && /asymmetric access state/ { s = $0; sub(/.*\(/, "", s); sub(/\).*/, "", s); print s; exit }' /tmp/sg.out
 }
 
-# alua_to STATE: ask the host for STATE, wait until RTPG reports it (unit attentions retried),
-# then TEST UNIT READY until it answers without a unit attention (sg3_utils exit 6); the last
-# RTPG and TUR outputs are framed as rtpg-STATE and turs-STATE (STATE with / as -).
+# alua_to STATE: ask the host for STATE, wait until RTPG reports it (unit attentions retried;
+# the first one framed as ua-STATE), then TEST UNIT READY until it answers without a unit
+# attention (sg3_utils exit 6); the last RTPG and TUR outputs are framed as rtpg-STATE and
+# turs-STATE (STATE with / as -).
 alua_to() {
     want=$1; tag=$(echo "$1" | tr / -)
     log "SG-ALUA-WANT $want"
@@ -87,6 +88,16 @@ sg_checks() {
     sg_run lba-last sg_get_lba_status --lba=$((blocks - 4096 / $(cat "/sys/block/$disk/queue/logical_block_size"))) "$dev"
     # Live: standby (RTPG shows it, TEST UNIT READY gets NOT READY 04/0B), then back.
     alua_to standby
+    # In standby (spc4r37 5.15.2.4.4; LIO's core_alua_state_standby): INQUIRY, REPORT LUNS, LOG
+    # SENSE, MODE SENSE and READ CAPACITY answer; media access (GET LBA STATUS, READ) gets
+    # NOT READY 04/0B.
+    sg_run sb-inq sg_inq "$dev"
+    sg_run sb-luns sg_luns "$dev"
+    sg_run sb-readcap sg_readcap --16 "$dev"
+    sg_run sb-logs0c sg_logs --page=0x0c "$dev"
+    sg_run sb-mode01 sg_modes --page=1 "$dev"
+    sg_run sb-lba sg_get_lba_status -vv --lba=0 "$dev"
+    sg_run sb-read sg_dd -vv if="$dev" of=/dev/null bs=512 count=8 blk_sgio=1
     alua_to active/optimized
     log "SG-CHECKS-END"
 }

@@ -13,7 +13,7 @@ RXE_PROVIDER=/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
 RXE_DRIVER=/etc/libibverbs.d/rxe.driver
 # Debian's sg3-utils (1.46) put into the sg-checks guest; sg_opcodes is sg3_utils' REPORT
 # SUPPORTED OPERATION CODES / TASK MANAGEMENT FUNCTIONS tool (sg_rep_opcodes in the issue).
-SG_TOOLS=(sg_inq sg_rtpg sg_vpd sg_modes sg_opcodes sg_logs sg_get_lba_status sg_turs sg_readcap sg_decode_sense)
+SG_TOOLS=(sg_inq sg_rtpg sg_vpd sg_modes sg_opcodes sg_logs sg_get_lba_status sg_turs sg_readcap sg_luns sg_dd)
 
 setup_packages() {
     local missing=() p

@@ -191,6 +191,16 @@ Logical unit reset"
     sgv_check "rtpg after -> standby" "g=1 state=standby code=2 status=2 ports=1
 g=2 state=active/non_optimized code=1 status=0 ports=2" "$(sg_rtpg_groups rtpg-standby)"
     sgv_check "test unit ready in standby (status, sense)" "2 02 04 0b" "$(sg_rc turs-standby) $(sg_sense turs-standby)"
+    # What standby still answers (INQUIRY, REPORT LUNS, READ CAPACITY, LOG SENSE, MODE SENSE)
+    # and what it refuses (media access: GET LBA STATUS, READ) with 02/04/0B.
+    for v in sb-inq sb-luns sb-readcap sb-logs0c sb-mode01; do sgv_rc0 "$v"; done
+    sgv_check "standby, INQUIRY" "TPGS=1" "$(sg_kv sb-inq | grep '^TPGS=')"
+    sgv_check "standby, REPORT LUNS" "0000000000000000" "$(sg_body sb-luns | awk '/^Report luns/ { on = 1; next } on && NF { print $1 }')"
+    sgv_check "standby, READ CAPACITY(16)" "Number of logical blocks=131072" "$(sg_body sb-readcap | grep -oE 'Number of logical blocks=[0-9]+')"
+    sgv_check "standby, LOG SENSE 0x0c" "Logical block provisioning page [0xc]" "$(sg_body sb-logs0c | grep -m1 -oE 'Logical block provisioning page +\[0xc\]' | tr -s ' ')"
+    sgv_check "standby, MODE SENSE page 0x01" "01 0a 12" "$(sg_body sb-mode01 | awk '/>> Read-Write error recovery/ { on = 1; next } on && /^ *00 / { print $2, $3, NF - 1; exit }')"
+    sgv_check "standby, GET LBA STATUS (status, sense)" "2 02 04 0b" "$(sg_rc sb-lba) $(sg_sense sb-lba)"
+    sgv_check "standby, READ (sense)" "02 04 0b" "$(sg_sense sb-read)"
     # And back to active/optimized: TEST UNIT READY passes.
     sgv_check "unit attention after -> active/optimized" "06 2a 06" "$(sg_sense ua-active-optimized)"
     sgv_check "rtpg after -> active/optimized" "g=1 state=active/optimized code=0 status=2 ports=1

@@ -200,7 +200,9 @@ deb:
 # its ib_srp initiator logs in to srpd (the daemon, as the target) and runs checksummed I/O, then
 # srpd (as the initiator, its NBD export driven by interop/cmd/nbdcheck) logs in to its ib_srpt;
 # srpd runs from a configuration scripts/interop-srpd.sh generates; both captures must decode in
-# tshark with no malformed packet.
+# tshark with no malformed packet. Then `interop/srp-verbs sg-checks` (about 25 s): sg3_utils in
+# the ib_srp guest against srpd with an ALUA group and a sparse file LUN, outputs parsed
+# (interop/lib/sgcheck.sh, its test interop/lib/sgcheck_test.sh first).
 # Needs root; .ci/run runs it after `make test`. Extra settings go through the environment
 # (SRP_INTEROP_FIO=1, SRP_INTEROP_GUEST_CPUS=2 SRP_INTEROP_LOGIN_OPTS=ch_count=2, ...).
 INTEROP ?= ../shared/interop

@@ -9,7 +9,11 @@
 #   kernel-target:    srpd logs in to the kernel's ib_srpt (LIO) with a session whose LUN 0 it
 #                     exports over NBD; nbdcheck writes/reads ranges through the export, which the
 #                     kernel target hashes in its own RAM disk.
-# Each mode's RoCEv2 capture must then decode in tshark with no malformed packet.
+#   sg-checks (interop/srp-verbs, its own namespace and cache): sg3_utils in the kernel
+#                     initiator's guest against srpd with an ALUA target port group and a sparse
+#                     file LUN (RTPG, VPD 0x83/0x86, mode page 1, RSOC/RSTMF, LOG SENSE, GET LBA
+#                     STATUS, a live standby and back), every output parsed on the host.
+# Each shared-harness mode's RoCEv2 capture must then decode in tshark with no malformed packet.
 # Needs root. Exit status: 0 both pass; 1 a check failed; 2 the harness is missing or unusable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,4 +80,20 @@ else
 fi
 grep 'RESTART: the kernel logged in again' "$OUT/kernel-initiator/cmd.stderr" | sed 's/^interop-srpd: /interop: kernel-initiator (restart): /'
 run kernel-target scripts/interop-srpd.sh initiator "$WORK/initiator"
-echo "interop: PASS (both directions)"
+
+# sg3_utils through the kernel's ib_srp (about 25 s; the guest image from the same kernel
+# cache). First the parser's own test on a recorded console, then the run.
+interop/lib/sgcheck_test.sh > "$WORK/sgcheck_test.log" 2>&1 || { cat "$WORK/sgcheck_test.log" >&2; echo "interop: sg-checks parser test failed" >&2; exit 1; }
+tail -n 1 "$WORK/sgcheck_test.log" | sed 's/^/interop: /'
+start=$(date +%s) rc=0
+INTEROP="$INTEROP" GO="$GO" interop/srp-verbs sg-checks > "$WORK/sg-checks.log" 2>&1 || rc=$?
+SGOUT=${SRP_VERBS_OUT:-${SRP_VERBS_CACHE:-/var/tmp/srp-verbs}/out}/sg-checks
+echo "interop: sg-checks: exit $rc after $(( $(date +%s) - start )) s"
+if [ "$rc" -ne 0 ]; then
+  tail -n 60 "$WORK/sg-checks.log" >&2
+  echo "---- $SGOUT/cmd.stderr" >&2
+  tail -n 20 "$SGOUT/cmd.stderr" >&2 || true
+  exit 1
+fi
+grep -E '^  sg checks:|RESULT:' "$WORK/sg-checks.log" | sed 's/^ */interop: sg-checks: /'
+echo "interop: PASS (both directions, sg3_utils checks)"

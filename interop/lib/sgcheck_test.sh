@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tests of interop/lib/sgcheck.sh (no root, no guest, about a second): sg_verify passes on the
 # console of a real `srp-verbs sg-checks` run (testdata/sg-checks.console.txt, recorded
-# 2026-12-06: sg3_utils 1.46 in Debian's 6.1 kernel guest against srpd), and each mutation of
+# 2026-12-05: sg3_utils 1.46 in Debian's 6.1 kernel guest against srpd), and each mutation of
 # that console that a wrong answer from srpd would produce makes exactly the check it concerns
 # fail. Run by scripts/interop.sh before the guest run; exit 0 when every case behaves.
 set -euo pipefail

@@ -418,7 +418,7 @@ func (l *LUN) parse(cdb []byte, i *CDBInfo) Sense {
 			}
 		case SAGetLBAStatus:
 			i.cmd = lookupCmd(op, SAGetLBAStatus)
-			if cdb[14] != 0 { // REPORT TYPE (sbc4r15 5.8): only 0, all LBAs
+			if !validLBAReportType(cdb[14]) { // REPORT TYPE (sbc4r15 5.8)
 				return invalidCDB(14, 7)
 			}
 			i.LBA = be64(cdb[2:])

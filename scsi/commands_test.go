@@ -714,6 +714,13 @@ func TestReportSupportedOpcodes(t *testing.T) {
 					t.Fatalf("% x", d)
 				}
 			}},
+		// GET LBA STATUS evaluates byte 14, REPORT TYPE (sg_get_lba_status --report-type).
+		{name: "one with service action: GET LBA STATUS", cdb: cdbRSOC(false, 2, OpServiceActionIn16, SAGetLBAStatus, 64), in: 64,
+			want: good(), check: func(t *testing.T, d []byte, _ *LUN, _ *memBackend) {
+				if d[1] != 3 || binary.BigEndian.Uint16(d[2:]) != 16 || len(d) != 4+16 || d[4] != OpServiceActionIn16 || d[4+1] != 0x1F || d[4+14] != 0xFF {
+					t.Fatalf("% x", d)
+				}
+			}},
 		{name: "one with timeouts", cdb: cdbRSOC(true, 1, OpTestUnitReady, 0, 64), in: 64, want: good(),
 			check: func(t *testing.T, d []byte, _ *LUN, _ *memBackend) {
 				if d[1] != 0x83 || len(d) != 4+6+12 {

@@ -15,17 +15,51 @@ const (
 	provisionMapped      = 0x0 // PROVISIONING STATUS: mapped (or unknown)
 	provisionDeallocated = 0x1 // deallocated
 
+	// REPORT TYPE of GET LBA STATUS (CDB byte 14; sbc4r12 added it, sg_get_lba_status
+	// --report-type sends it): which LBAs the descriptors cover.
+	lbaReportAll           = 0x00
+	lbaReportNonzero       = 0x01 // PROVISIONING STATUS other than mapped
+	lbaReportMapped        = 0x02
+	lbaReportDeallocated   = 0x03
+	lbaReportAnchored      = 0x04 // none here: no LUN of this package anchors LBAs
+	lbaReportUnrecoverable = 0x10 // LBAs that may return unrecovered errors: none known
+
 	// maxAllocationQueries bounds the backend calls of one GET LBA STATUS: a fragmented file
 	// answers with as many descriptors as that many calls find.
 	maxAllocationQueries = 1024
 )
 
+// validLBAReportType reports whether rt is a REPORT TYPE GET LBA STATUS answers.
+func validLBAReportType(rt uint8) bool {
+	return rt <= lbaReportAnchored || rt == lbaReportUnrecoverable
+}
+
+// lbaReported reports whether a run with provisioning status status is reported under REPORT
+// TYPE rt.
+func lbaReported(rt, status uint8) bool {
+	switch rt {
+	case lbaReportAll:
+		return true
+	case lbaReportNonzero:
+		return status != provisionMapped
+	case lbaReportMapped:
+		return status == provisionMapped
+	case lbaReportDeallocated:
+		return status == provisionDeallocated
+	}
+	return false
+}
+
 // getLBAStatus is GET LBA STATUS: descriptors of consecutive runs of mapped and deallocated
 // blocks from the STARTING LOGICAL BLOCK ADDRESS on, as many as the allocation length holds
-// (at least one). A block only partly allocated in the backend is mapped. Without a
-// backend.Allocation every block is mapped, one descriptor per 2^32-1 blocks.
+// (at least one with REPORT TYPE 0, all LBAs). A block only partly allocated in the backend is
+// mapped. Without a backend.Allocation every block is mapped, one descriptor per 2^32-1
+// blocks. Another REPORT TYPE reports only the runs of its status, from the first at or after
+// the start, as far as maxAllocationQueries backend calls reach (none for anchored LBAs and
+// LBAs that may return unrecovered errors: this package has neither).
 func (x *exec) getLBAStatus() Status {
 	l := x.l
+	rt := x.cdb[14]
 	maxDesc := 1
 	if n := (int(min(x.info.Length, 1<<24)) - lbaStatusHeaderLen) / lbaStatusDescLen; n > 1 {
 		maxDesc = n
@@ -40,6 +74,9 @@ func (x *exec) getLBAStatus() Status {
 		valid  bool
 	}
 	emit := func() {
+		if !lbaReported(rt, cur.status) {
+			return
+		}
 		var d [lbaStatusDescLen]byte
 		binary.BigEndian.PutUint64(d[0:], cur.lba)
 		binary.BigEndian.PutUint32(d[8:], uint32(cur.n))
@@ -48,6 +85,9 @@ func (x *exec) getLBAStatus() Status {
 		count++
 	}
 	lba, shift, blocks := x.info.LBA, l.blockShift, l.blocks.Load()
+	if rt == lbaReportAnchored || rt == lbaReportUnrecoverable {
+		lba = blocks // nothing to look for
+	}
 	for q := 0; lba < blocks && q < maxAllocationQueries; q++ {
 		status, n := uint8(provisionMapped), blocks-lba
 		if l.alloc != nil {

@@ -18,6 +18,13 @@ func cdbGetLBAStatus(lba uint64, alloc uint32) []byte {
 	return c
 }
 
+// cdbGetLBAStatusRT is cdbGetLBAStatus with REPORT TYPE rt in byte 14.
+func cdbGetLBAStatusRT(lba uint64, alloc uint32, rt uint8) []byte {
+	c := cdbGetLBAStatus(lba, alloc)
+	c[14] = rt
+	return c
+}
+
 // cdbLogSense is LOG SENSE (spc4r37 6.8): PC and page code in byte 2, subpage in 3, parameter
 // pointer in 5-6, allocation length in 7-8.
 func cdbLogSense(pc, page, sub uint8, ptr, alloc uint16) []byte {
@@ -120,7 +127,29 @@ func TestGetLBAStatus(t *testing.T) {
 		}, cdb: cdbGetLBAStatus(0, 255), in: 255, want: good(),
 			check: expect(lbaStatus(lbaDesc(0, 1, 1), lbaDesc(1, 1, 0), lbaDesc(2, testBlocks-2, 1)))},
 		{name: "LBA beyond the capacity", cdb: cdbGetLBAStatus(testBlocks, 255), want: sk(IllegalRequest, 0x21, 0)},
-		{name: "report type", cdb: func() []byte { c := cdbGetLBAStatus(0, 255); c[14] = 2; return c }(), want: badCDB(14, 7)},
+		// REPORT TYPE (byte 14, sbc4r15 5.8; sg_get_lba_status --report-type): only the
+		// descriptors of that provisioning status, from the first such LBA at or after the start.
+		{name: "report type 1: non-zero status", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(0, 255, 1), in: 255, want: good(),
+			check: expect(lbaStatus(lbaDesc(10, 90, 1), lbaDesc(104, testBlocks-104, 1)))},
+		{name: "report type 2: mapped", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(0, 255, 2), in: 255, want: good(),
+			check: expect(lbaStatus(lbaDesc(0, 10, 0), lbaDesc(100, 4, 0)))},
+		{name: "report type 2 from inside a hole", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(50, 255, 2), in: 255, want: good(),
+			check: expect(lbaStatus(lbaDesc(100, 4, 0)))},
+		{name: "report type 3: deallocated", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(0, 255, 3), in: 255, want: good(),
+			check: expect(lbaStatus(lbaDesc(10, 90, 1), lbaDesc(104, testBlocks-104, 1)))},
+		{name: "report type 3 from inside a hole", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(50, 255, 3), in: 255, want: good(),
+			check: expect(lbaStatus(lbaDesc(50, 50, 1), lbaDesc(104, testBlocks-104, 1)))},
+		{name: "report type 3, allocation length bounds the descriptors", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(0, 8+16, 3),
+			in: 255, want: good(), check: expect(lbaStatus(lbaDesc(10, 90, 1)))},
+		{name: "report type 2 without allocation information", cdb: cdbGetLBAStatusRT(5, 255, 2), in: 255, want: good(),
+			check: expect(lbaStatus(lbaDesc(5, testBlocks-5, 0)))},
+		{name: "report type 3 without allocation information: none", cdb: cdbGetLBAStatusRT(5, 255, 3), in: 255, want: good(),
+			check: expect(lbaStatus())},
+		{name: "report type 4: no anchored LBAs", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(0, 255, 4), in: 255, want: good(),
+			check: expect(lbaStatus())},
+		{name: "report type 10h: no LBA known to return unrecovered errors", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(0, 255, 0x10),
+			in: 255, want: good(), check: expect(lbaStatus())},
+		{name: "undefined report type", cdb: cdbGetLBAStatusRT(0, 255, 5), want: badCDB(14, 7)},
 		{name: "backend error", cfg: withAlloc(&fakeAlloc{err: errors.New("EIO")}), cdb: cdbGetLBAStatus(3, 255),
 			want: sk(MediumError, 0x11, 0).withInfo(3)},
 	})

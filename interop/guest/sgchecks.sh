@@ -86,6 +86,9 @@ sg_checks() {
     sg_run lba-first sg_get_lba_status --lba=0 --maxlen=104 "$dev"
     sg_run lba-middle sg_get_lba_status --lba=$((blocks / 2)) --maxlen=104 "$dev"
     sg_run lba-last sg_get_lba_status --lba=$((blocks - 4096 / $(cat "/sys/block/$disk/queue/logical_block_size"))) "$dev"
+    # REPORT TYPE: only the mapped (2), only the deallocated (3) ranges.
+    sg_run lba-mapped sg_get_lba_status --report-type=2 --lba=0 --maxlen=104 "$dev"
+    sg_run lba-deallocated sg_get_lba_status --report-type=3 --lba=0 --maxlen=104 "$dev"
     # Live: standby (RTPG shows it, TEST UNIT READY gets NOT READY 04/0B), then back.
     alua_to standby
     # In standby (spc4r37 5.15.2.4.4; LIO's core_alua_state_standby): INQUIRY, REPORT LUNS, LOG

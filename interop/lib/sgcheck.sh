@@ -105,7 +105,7 @@ sg_verify() {
     sgv_rc0() { [ "$(sg_rc "$1")" = 0 ] || sgv_bad "$1" "exit status '$(sg_rc "$1")', want 0"; }
 
     for v in inq rtpg rtpg-ext vpd83 vpd86 mode01 opcodes opcode-rtpg tmf tmf-repd logs logs-all logs0c \
-             lba-first lba-middle lba-last rtpg-standby rtpg-active-optimized turs-active-optimized; do
+             lba-first lba-middle lba-last lba-mapped lba-deallocated rtpg-standby rtpg-active-optimized turs-active-optimized; do
         sgv_rc0 "$v"
     done
 
@@ -183,6 +183,15 @@ Logical unit reset"
     sgv_check "lba status from 65536" "65536 65528 deallocated
 131064 8 mapped" "$(sg_lba_descs lba-middle)"
     sgv_check "lba status of the last 4 KiB" "131064 8 mapped" "$(sg_lba_descs lba-last)"
+    sgv_check "lba status, mapped only (report type 2)" "0 8 mapped
+16 128 mapped
+2056 128 mapped
+8216 2048 mapped
+131064 8 mapped" "$(sg_lba_descs lba-mapped)"
+    sgv_check "lba status, deallocated only (report type 3)" "8 8 deallocated
+144 1912 deallocated
+2184 6032 deallocated
+10264 120800 deallocated" "$(sg_lba_descs lba-deallocated)"
 
     # Live: standby. The first command after the change gets ASYMMETRIC ACCESS STATE CHANGED
     # (06/2A/06), RTPG shows group 1 standby with status 02h (implicit transition), TEST UNIT

@@ -124,7 +124,13 @@ func (x *exec) getLBAStatus() Status {
 		emit()
 	}
 	binary.BigEndian.PutUint32(hdr[:], uint32(4+lbaStatusDescLen*count))
-	w.patch(0, hdr[:4])
+	if rt != lbaReportAll {
+		// RTP (byte 7 bit 0, sbc4r12, with REPORT TYPE): the REPORT TYPE was applied, which
+		// tells this answer from that of a device server that ignores the field and reports
+		// every LBA.
+		hdr[7] = 0x01
+	}
+	w.patch(0, hdr[:])
 	return x.written(&w)
 }
 

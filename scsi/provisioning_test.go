@@ -85,6 +85,14 @@ func lbaDesc(lba uint64, n uint32, status uint8) []byte {
 	return d
 }
 
+// lbaStatusRTP is lbaStatus with the RTP bit (byte 7 bit 0, sbc4r12): the REPORT TYPE was
+// processed.
+func lbaStatusRTP(descs ...[]byte) []byte {
+	b := lbaStatus(descs...)
+	b[7] = 0x01
+	return b
+}
+
 func lbaStatus(descs ...[]byte) []byte {
 	b := make([]byte, 8)
 	binary.BigEndian.PutUint32(b, uint32(4+16*len(descs)))
@@ -130,25 +138,25 @@ func TestGetLBAStatus(t *testing.T) {
 		// REPORT TYPE (byte 14, sbc4r15 5.8; sg_get_lba_status --report-type): only the
 		// descriptors of that provisioning status, from the first such LBA at or after the start.
 		{name: "report type 1: non-zero status", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(0, 255, 1), in: 255, want: good(),
-			check: expect(lbaStatus(lbaDesc(10, 90, 1), lbaDesc(104, testBlocks-104, 1)))},
+			check: expect(lbaStatusRTP(lbaDesc(10, 90, 1), lbaDesc(104, testBlocks-104, 1)))},
 		{name: "report type 2: mapped", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(0, 255, 2), in: 255, want: good(),
-			check: expect(lbaStatus(lbaDesc(0, 10, 0), lbaDesc(100, 4, 0)))},
+			check: expect(lbaStatusRTP(lbaDesc(0, 10, 0), lbaDesc(100, 4, 0)))},
 		{name: "report type 2 from inside a hole", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(50, 255, 2), in: 255, want: good(),
-			check: expect(lbaStatus(lbaDesc(100, 4, 0)))},
+			check: expect(lbaStatusRTP(lbaDesc(100, 4, 0)))},
 		{name: "report type 3: deallocated", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(0, 255, 3), in: 255, want: good(),
-			check: expect(lbaStatus(lbaDesc(10, 90, 1), lbaDesc(104, testBlocks-104, 1)))},
+			check: expect(lbaStatusRTP(lbaDesc(10, 90, 1), lbaDesc(104, testBlocks-104, 1)))},
 		{name: "report type 3 from inside a hole", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(50, 255, 3), in: 255, want: good(),
-			check: expect(lbaStatus(lbaDesc(50, 50, 1), lbaDesc(104, testBlocks-104, 1)))},
+			check: expect(lbaStatusRTP(lbaDesc(50, 50, 1), lbaDesc(104, testBlocks-104, 1)))},
 		{name: "report type 3, allocation length bounds the descriptors", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(0, 8+16, 3),
-			in: 255, want: good(), check: expect(lbaStatus(lbaDesc(10, 90, 1)))},
+			in: 255, want: good(), check: expect(lbaStatusRTP(lbaDesc(10, 90, 1)))},
 		{name: "report type 2 without allocation information", cdb: cdbGetLBAStatusRT(5, 255, 2), in: 255, want: good(),
-			check: expect(lbaStatus(lbaDesc(5, testBlocks-5, 0)))},
+			check: expect(lbaStatusRTP(lbaDesc(5, testBlocks-5, 0)))},
 		{name: "report type 3 without allocation information: none", cdb: cdbGetLBAStatusRT(5, 255, 3), in: 255, want: good(),
-			check: expect(lbaStatus())},
+			check: expect(lbaStatusRTP())},
 		{name: "report type 4: no anchored LBAs", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(0, 255, 4), in: 255, want: good(),
-			check: expect(lbaStatus())},
+			check: expect(lbaStatusRTP())},
 		{name: "report type 10h: no LBA known to return unrecovered errors", cfg: withAlloc(frag()), cdb: cdbGetLBAStatusRT(0, 255, 0x10),
-			in: 255, want: good(), check: expect(lbaStatus())},
+			in: 255, want: good(), check: expect(lbaStatusRTP())},
 		{name: "undefined report type", cdb: cdbGetLBAStatusRT(0, 255, 5), want: badCDB(14, 7)},
 		{name: "backend error", cfg: withAlloc(&fakeAlloc{err: errors.New("EIO")}), cdb: cdbGetLBAStatus(3, 255),
 			want: sk(MediumError, 0x11, 0).withInfo(3)},

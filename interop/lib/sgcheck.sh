@@ -188,6 +188,9 @@ Logical unit reset"
 2056 128 mapped
 8216 2048 mapped
 131064 8 mapped" "$(sg_lba_descs lba-mapped)"
+    # RTP (report type processed) set only for the filtered answers.
+    sgv_check "lba status RTP for report types 0, 2, 3" "RTP=0 RTP=1 RTP=1" \
+        "$(for v in lba-first lba-mapped lba-deallocated; do sg_body "$v" | grep -m1 -oE '^RTP=[0-9]+'; done | tr '\n' ' ' | sed 's/ $//')"
     sgv_check "lba status, deallocated only (report type 3)" "8 8 deallocated
 144 1912 deallocated
 2184 6032 deallocated

@@ -16,7 +16,7 @@ fails=0
 if out=$(sg_verify "$GOOD" "$NAA"); then
     n=$(grep -c '^  ok ' <<< "$out")
     echo "ok   recorded console: $n checks pass"
-    [ "$n" -eq 40 ] || { echo "FAIL recorded console: $n checks ran, want 40 (a check added or lost? update the count)"; fails=$((fails + 1)); }
+    [ "$n" -eq 41 ] || { echo "FAIL recorded console: $n checks ran, want 41 (a check added or lost? update the count)"; fails=$((fails + 1)); }
 else
     echo "FAIL recorded console:"; grep FAIL <<< "$out"; fails=$((fails + 1))
 fi
@@ -55,6 +55,7 @@ mutant "hole reported mapped" "lba status from 0" '/^SG-BEGIN lba-first:/,/^SG-E
 mutant "middle mapped" "lba status from 65536" 's/blocks:      65528  deallocated/blocks:      65528  mapped (or unknown)/'
 mutant "report type ignored" "lba status, mapped only (report type 2)" '/^SG-BEGIN lba-mapped:/,/^SG-END lba-mapped /s/0x0000000000000010  blocks:        128  mapped (or unknown)/0x0000000000000008  blocks:          8  deallocated/'
 mutant "report type refused" "lba-deallocated|lba status, deallocated only (report type 3)" '/^SG-BEGIN lba-deallocated:/,/^SG-END lba-deallocated /{/LBA: 0x/d;s/rc=0/rc=5/}'
+mutant "report type not flagged" "lba status RTP for report types 0, 2, 3" '/^SG-BEGIN lba-mapped:/,/^SG-END lba-mapped /s/RTP=1/RTP=0/'
 mutant "no unit attention" "unit attention after -> standby" '/^SG-BEGIN ua-standby:/,/^SG-END ua-standby /s/70 00 06 00/70 00 02 00/'
 mutant "still active" "rtpg after -> standby" '/^SG-BEGIN rtpg-standby:/,/^SG-END rtpg-standby /s/0x02 (standby)/0x00 (active\/optimized)/'
 mutant "standby TUR 04/0A" "test unit ready in standby (status, sense)" '/^SG-BEGIN turs-standby:/,/^SG-END turs-standby /s/04 0b 00 00/04 0a 00 00/'

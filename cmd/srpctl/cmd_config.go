@@ -48,7 +48,7 @@ back with every default spelled out.`,
 				return err
 			}
 			c, perr := config.Parse(name, data)
-			if a.json() {
+			if a.structured() {
 				res := validateResult{File: name, Valid: perr == nil, Errors: []validateError{}}
 				var list config.ErrorList
 				if errors.As(perr, &list) {
@@ -59,7 +59,7 @@ back with every default spelled out.`,
 				if print {
 					res.Config = c
 				}
-				if err := a.printJSON(res); err != nil {
+				if err := a.printData(res); err != nil {
 					return err
 				}
 				if perr != nil {
@@ -155,8 +155,8 @@ srpctl refuses (exit 6) and names them; reload first, or --force to overwrite th
 				if err != nil {
 					return err
 				}
-				if a.json() {
-					return a.printJSON(res)
+				if a.structured() {
+					return a.printData(res)
 				}
 				if len(res.Changes) == 0 {
 					fmt.Fprintf(a.stdout, "%s already holds the running configuration\n", res.Path)
@@ -193,8 +193,8 @@ func (a *app) reloadPreview(cmd *cobra.Command) error {
 		if err != nil {
 			return err
 		}
-		if a.json() {
-			return a.printJSON(res)
+		if a.structured() {
+			return a.printData(res)
 		}
 		a.printReload(res, "a reload would change nothing", "a reload would:")
 		return nil
@@ -260,8 +260,8 @@ logs a warning for each run-time change discarded.
 				if err != nil {
 					return err
 				}
-				if a.json() {
-					return a.printJSON(res)
+				if a.structured() {
+					return a.printData(res)
 				}
 				a.printReload(res, "configuration reloaded: no changes", "configuration reloaded:")
 				return nil

@@ -98,6 +98,19 @@ for _ in $(seq 100); do [ -S /run/srpd/srpd.sock ] && break; sleep 0.1; done
 status=$(srpctl --timeout 10s status 2>&1) || fail "srpctl status: $status; srpd's log: $(cat "$log")"
 grep -q "^Daemon: *srpd $version " <<<"$status" || fail "srpctl status: $status"
 [ "$(stat -c '%a %G' /run/srpd/srpd.sock)" = "660 srpd" ] || fail "control socket: $(stat -c '%a %G' /run/srpd/srpd.sock)"
+# The unit's ExecReload= as systemd would run it (user srpd): a reload that succeeds, then one
+# of a broken file that fails, names the problem and leaves the daemon running as it was.
+reload=$(sed -n 's/^ExecReload=//p' /lib/systemd/system/srpd.service)
+[ -n "$reload" ] || fail "no ExecReload= in the installed unit"
+out=$(setpriv --reuid=srpd --regid=srpd --init-groups -- $reload 2>&1) || fail "ExecReload ($reload): $out; srpd's log: $(cat "$log")"
+cp -p /etc/srpd/srpd.yaml /etc/srpd/srpd.yaml.good
+printf 'transports: [{name: lo, driver: nosuch}]\n' >>/etc/srpd/srpd.yaml
+if out=$(setpriv --reuid=srpd --regid=srpd --init-groups -- $reload 2>&1); then
+	fail "ExecReload of a broken file succeeded: $out"
+fi
+grep -q 'nosuch\|transports' <<<"$out" || fail "ExecReload of a broken file does not say why: $out"
+mv /etc/srpd/srpd.yaml.good /etc/srpd/srpd.yaml
+srpctl --timeout 10s status >/dev/null 2>&1 || fail "srpd does not answer after a failed reload; its log: $(cat "$log")"
 kill -TERM "$daemon_pid"
 wait "$daemon_pid" || fail "srpd exited $? on SIGTERM; its log: $(cat "$log")"
 daemon_pid=""

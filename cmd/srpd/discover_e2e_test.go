@@ -14,7 +14,7 @@ import (
 )
 
 // TestDiscoverAndCompletion runs the real binaries on the demo configuration (the README's
-// first command): `srpctl __complete lun list ”` (what the shell's completion script runs)
+// first command): `srpctl __complete lun list ""` (what the shell's completion script runs)
 // lists the daemon's target; `srpctl discover 127.0.0.1:5555` finds the target, its port ID
 // (named by the target) and its LUN; the connect line it prints, pasted into a shell, logs in,
 // without taking the demo's own session's I_T nexus over.

@@ -47,7 +47,9 @@ func TestUnitDirectives(t *testing.T) {
 	for _, want := range []string{
 		"Type=notify",
 		"ExecStart=/usr/sbin/srpd -c /etc/srpd/srpd.yaml",
-		"ExecReload=/bin/kill -HUP $MAINPID",
+		"ExecReload=/usr/bin/srpctl --timeout 60s reload",
+		"SystemCallFilter=@system-service",
+		"SystemCallErrorNumber=EPERM",
 		"Restart=on-failure",
 		"LimitMEMLOCK=infinity",
 		"ProtectSystem=strict",
@@ -78,8 +80,8 @@ func TestUnitDirectives(t *testing.T) {
 	}
 }
 
-// TestUnitVerifies runs systemd-analyze verify on srpd.service, with ExecStart pointing at a
-// stand-in executable (verify checks that the binary exists). Any warning fails the test:
+// TestUnitVerifies runs systemd-analyze verify on srpd.service, with ExecStart and ExecReload
+// pointing at stand-in executables (verify checks that the binaries exist). Any warning fails the test:
 // verify exits 0 on unknown directives and only prints them.
 func TestUnitVerifies(t *testing.T) {
 	analyze := needTool(t, "systemd-analyze")
@@ -88,7 +90,11 @@ func TestUnitVerifies(t *testing.T) {
 	if err := os.WriteFile(stub, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	unit := strings.ReplaceAll(readUnit(t), "/usr/sbin/srpd", stub)
+	ctlStub := filepath.Join(dir, "srpctl")
+	if err := os.WriteFile(ctlStub, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	unit := strings.ReplaceAll(strings.ReplaceAll(readUnit(t), "/usr/sbin/srpd", stub), "/usr/bin/srpctl", ctlStub)
 	path := filepath.Join(dir, "srpd.service")
 	if err := os.WriteFile(path, []byte(unit), 0o644); err != nil {
 		t.Fatal(err)

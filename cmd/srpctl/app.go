@@ -129,6 +129,7 @@ without it the change lasts until srpd restarts or reloads.
 		newDisconnectCmd(a),
 		newConnectionsCmd(a),
 		newDiscoverCmd(a),
+		newMultipathCmd(a),
 		newReloadCmd(a),
 		newLinkCmd(a),
 		newConfigCmd(a),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -268,8 +269,30 @@ func newConnectionsCmd(a *app) *cobra.Command {
 }
 
 func (a *app) printConnections(l ctlapi.ConnectionList) error {
-	tw := a.table("NAME", "ADDRESS", "TARGET PORT ID", "STATE", "CHANNELS", "QUEUE", "LUNS", "UP")
+	// Connections that are multipath paths get a PATHS column: group/LUN, ALUA state, active.
+	withPaths := slices.ContainsFunc(l.Connections, func(ci ctlapi.ConnectionInfo) bool { return len(ci.Paths) > 0 })
+	header := []string{"NAME", "ADDRESS", "TARGET PORT ID", "STATE", "CHANNELS", "QUEUE", "LUNS", "UP"}
+	if withPaths {
+		header = append(header, "PATHS")
+	}
+	tw := a.table(header...)
 	for _, ci := range l.Connections {
+		if withPaths {
+			var ps []string
+			for _, p := range ci.Paths {
+				d := fmt.Sprintf("%s/%d %s", p.Multipath, p.LUN, p.ALUAState)
+				switch {
+				case p.Active:
+					d += " (active)"
+				case !p.Up:
+					d += " (down)"
+				}
+				ps = append(ps, d)
+			}
+			state := ci.State
+			row(tw, ci.Name, ci.Address, ci.TargetPortID, state, ci.Channels, ci.QueueDepth, len(ci.LUNs), since(a.now(), ci.ConnectedAt), strings.Join(ps, ", "))
+			continue
+		}
 		state := ci.State
 		if ci.FailedReconnects > 0 {
 			state = fmt.Sprintf("%s (%d failed reconnects)", state, ci.FailedReconnects)
@@ -314,4 +337,35 @@ func (a *app) printRemoteLUNs(ls []ctlapi.RemoteLUN) {
 		row(tw, l.LUN, config.Size(l.Capacity), l.BlockSize, yesNo(l.ReadOnly), strings.TrimSpace(l.Vendor+" "+l.Product), l.NBDSocket)
 	}
 	tw.Flush()
+}
+
+// newMultipathCmd is `srpctl multipath`: our multipath groups, each LUN's paths with their
+// sessions, target port groups, ALUA states, which one carries the I/O, and I/O counts.
+func newMultipathCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "multipath",
+		Short: "List our multipath groups and the state of each path (initiator side)",
+		Args:  args(0),
+		RunE: query(a, func(ctx context.Context, c *ctlapi.Client, _ []string) (ctlapi.MultipathList, error) {
+			ms, err := c.ListMultipath(ctx)
+			return ctlapi.MultipathList{Multipath: nonNil(ms)}, err
+		}, func(l ctlapi.MultipathList) error {
+			tw := a.table("GROUP", "LUN", "SESSION", "TPG", "ALUA STATE", "PATH", "IOS", "FAILURES", "WHY")
+			for _, m := range l.Multipath {
+				for _, lun := range m.LUNs {
+					for _, p := range lun.Paths {
+						st := "standby"
+						switch {
+						case p.Active:
+							st = "active"
+						case !p.Up:
+							st = "down"
+						}
+						row(tw, m.Name, lun.LUN, p.Session, p.Group, p.ALUAState, st, p.IOs, p.Failures, p.Why)
+					}
+				}
+			}
+			return tw.Flush()
+		}),
+	}
 }

@@ -409,7 +409,7 @@ func TestConfigValidate(t *testing.T) {
 	h := newHarness(t)
 	good := filepath.Join("..", "..", "configs", "srpd.reference.yaml")
 	code, stdout, _ := h.run("", "config", "validate", good)
-	if code != 0 || !strings.Contains(stdout, "valid (1 transports, 1 targets, 3 LUNs, 1 sessions)") {
+	if code != 0 || !strings.Contains(stdout, "valid (1 transports, 1 targets, 3 LUNs, 3 sessions)") {
 		t.Fatalf("exit %d: %s", code, stdout)
 	}
 	bad := "transports:\n  - name: lo\n    address: 127.0.0.1\n    colour: blue\nlogging:\n  level: loud\n"

@@ -74,6 +74,7 @@ type Device struct {
 
 	reqs sync.Pool // *request: async I/O in flight
 
+	ready  chan struct{} // closed once the unit was seen through a path (size and block size known)
 	stop   chan struct{}
 	done   chan struct{}
 	closed atomic.Bool
@@ -121,7 +122,7 @@ func New(paths []Path, o Options) (*Device, error) {
 	if o.CheckTimeout <= 0 {
 		o.CheckTimeout = 5 * time.Second
 	}
-	d := &Device{log: o.Logger, opts: o, changed: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
+	d := &Device{log: o.Logger, opts: o, changed: make(chan struct{}), ready: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	for _, p := range paths {
 		d.paths = append(d.paths, &path{p: p, state: Unavailable, why: "not checked yet"})
 	}
@@ -222,6 +223,7 @@ func (d *Device) checkPath(ctx context.Context, p *path) {
 	if d.id == nil && len(info.ID) > 0 {
 		d.id = bytes.Clone(info.ID)
 		d.size, d.bs, d.ro, d.dis = l.Size(), l.BlockSize(), l.ReadOnly(), l.CanDiscard()
+		close(d.ready)
 	}
 	same := len(info.ID) > 0 && bytes.Equal(d.id, info.ID)
 	newLUN := p.lun != l
@@ -451,6 +453,10 @@ func (d *Device) ReadOnly() bool { d.mu.Lock(); defer d.mu.Unlock(); return d.ro
 
 // CanDiscard reports whether the unit deallocates.
 func (d *Device) CanDiscard() bool { d.mu.Lock(); defer d.mu.Unlock(); return d.dis }
+
+// Ready is closed once the unit has been seen through a path: Size and BlockSize are known
+// from then on.
+func (d *Device) Ready() <-chan struct{} { return d.ready }
 
 // ID is the logical unit's designator (nil before a path was seen).
 func (d *Device) ID() []byte { d.mu.Lock(); defer d.mu.Unlock(); return bytes.Clone(d.id) }

@@ -86,9 +86,11 @@ type Config struct {
 	Transports []Transport `yaml:"transports,omitempty" json:"transports,omitempty"`
 	Targets    []Target    `yaml:"targets,omitempty" json:"targets,omitempty"`
 	Sessions   []Session   `yaml:"sessions,omitempty" json:"sessions,omitempty"`
-	Control    Control     `yaml:"control" json:"control"`
-	Logging    Logging     `yaml:"logging" json:"logging"`
-	Metrics    Metrics     `yaml:"metrics,omitempty" json:"metrics,omitempty"`
+	// Multipath groups sessions to several target ports of one logical unit (gateways).
+	Multipath []Multipath `yaml:"multipath,omitempty" json:"multipath,omitempty"`
+	Control   Control     `yaml:"control" json:"control"`
+	Logging   Logging     `yaml:"logging" json:"logging"`
+	Metrics   Metrics     `yaml:"metrics,omitempty" json:"metrics,omitempty"`
 	// Limits are the daemon-wide resource bounds (admission control).
 	Limits GlobalLimits `yaml:"limits,omitempty" json:"limits,omitempty"`
 
@@ -129,6 +131,13 @@ type Transport struct {
 	// host, where the poll saves the wake-up on every command's critical path), off on one
 	// that initiator sessions use (a compute host, whose CPU belongs to the applications).
 	BusyPoll *Timeout `yaml:"busy_poll,omitempty" json:"busy_poll,omitempty"`
+	// PacketLifeTime (softroce) is the path packet life time the connections we dial offer
+	// (REQ), which sets our QPs' local ACK timeout (about twice it): a peer that stops
+	// answering is declared dead after 8 timeouts, failing the channel. Default: the kernel's
+	// for RoCE (CMA_IBOE_PACKET_LIFETIME 18, about 1 s: channels fail after ~17 s). Multipath
+	// initiators want it short (e.g. 100ms: ~2 s), so that I/O moves to another path soon.
+	// Rounded up to 4.096 µs × 2^n; 1ms..4s.
+	PacketLifeTime Duration `yaml:"packet_life_time,omitempty" json:"packet_life_time,omitempty"`
 	// Device (verbs) is the RDMA device name (ibv_devices, `rdma link`), e.g. mlx5_0 or rxe0.
 	Device string `yaml:"device,omitempty" json:"device,omitempty"`
 	// Port (verbs) is the device port number, 1 by default.
@@ -332,6 +341,33 @@ type Session struct {
 	DevLossTmo     *Timeout `yaml:"dev_loss_tmo" json:"dev_loss_tmo"`
 	// NBD exports remote LUNs as NBD servers on unix sockets (nbd-client -unix, qemu, nbdkit).
 	NBD []NBDExport `yaml:"nbd,omitempty" json:"nbd,omitempty"`
+}
+
+// Multipath is one logical unit (each LUN number of it) reached through several sessions, one
+// per target port (initiator/mpath): I/O goes to the path whose target port group is
+// active/optimized, else active/non-optimized, and moves to another when its path fails.
+type Multipath struct {
+	Name string `yaml:"name" json:"name"`
+	// Sessions names the sessions (entries of sessions:) that are its paths, two or more;
+	// among paths of the same ALUA state the first listed is used. A path's session keeps its
+	// own reconnect_delay, fast_io_fail_tmo (keep it short: I/O held on a failed path moves on
+	// when it expires) and dev_loss_tmo.
+	Sessions []string `yaml:"sessions" json:"sessions"`
+	// NoPathTimeout bounds how long I/O waits for a usable path (1s..1h, default 30s), as
+	// dm-multipath's queue_if_no_path with no_path_retry.
+	NoPathTimeout *Timeout `yaml:"no_path_timeout,omitempty" json:"no_path_timeout,omitempty"`
+	// NBD exports LUNs of the unit (numbers as the paths' sessions see them).
+	NBD []NBDExport `yaml:"nbd,omitempty" json:"nbd,omitempty"`
+}
+
+// MultipathGroup returns the multipath group named name, or nil.
+func (c *Config) MultipathGroup(name string) *Multipath {
+	for i := range c.Multipath {
+		if c.Multipath[i].Name == name {
+			return &c.Multipath[i]
+		}
+	}
+	return nil
 }
 
 // NBDExport serves one remote LUN of a session over NBD.

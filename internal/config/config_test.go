@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"io/fs"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -76,7 +77,8 @@ func TestExampleConfigsValidate(t *testing.T) {
 		"max_sessions", "max_registered_memory", "keepalive_interval", "stall_timeout", "stall_action",
 		"max_sessions_per_initiator", "max_pending_logins", "max_pending_logins_per_source",
 		"login_rate_per_source", "login_timeout", "allowed_paths", "follow_symlinks",
-		"rbd", "cluster_config", "client", "keyring", "pool", "namespace", "image"} {
+		"rbd", "cluster_config", "client", "keyring", "pool", "namespace", "image",
+		"multipath", "no_path_timeout", "shared", "packet_life_time"} {
 		if !strings.Contains(ref, key+":") {
 			t.Errorf("srpd.reference.yaml does not document %q", key)
 		}
@@ -450,5 +452,48 @@ sessions:
 				t.Fatalf("busy poll %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestMultipath checks the multipath section: a valid group, and each rule's error.
+func TestMultipath(t *testing.T) {
+	base := `version: 1
+transports:
+  - name: lo
+    address: 127.0.0.1
+sessions:
+  - {name: a, address: 127.0.0.2, target_port_id: 0x00000000000000010000000000000001}
+  - {name: b, address: 127.0.0.3, target_port_id: 0x00000000000000020000000000000001}
+`
+	ok := base + "multipath:\n  - name: vol\n    sessions: [a, b]\n    no_path_timeout: 20s\n    nbd:\n      - {lun: 0, socket: /run/srpd/vol.nbd}\n"
+	c, err := Parse("test.yaml", []byte(ok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := c.MultipathGroup("vol"); m == nil || len(m.Sessions) != 2 || m.NoPathTimeout.Duration() != 20*time.Second || m.NBD[0].Socket != "/run/srpd/vol.nbd" {
+		t.Fatalf("parsed %+v", c.Multipath)
+	}
+	for _, tc := range []struct{ name, src, want string }{
+		{"one session", base + "multipath:\n  - {name: vol, sessions: [a]}\n", "needs two or more sessions"},
+		{"unknown session", base + "multipath:\n  - {name: vol, sessions: [a, x]}\n", `no session "x"`},
+		{"session twice", base + "multipath:\n  - {name: v1, sessions: [a, b]}\n  - {name: v2, sessions: [b, a]}\n", `already a path of multipath "v1"`},
+		{"duplicate name", base + "multipath:\n  - {name: v, sessions: [a, b]}\n  - {name: v, sessions: []}\n", "v"},
+		{"bad timeout", base + "multipath:\n  - {name: v, sessions: [a, b], no_path_timeout: 2h}\n", "between 1s and 1h"},
+		{"socket reused", base + "control: {socket: /run/srpd/x.sock}\nmultipath:\n  - name: v\n    sessions: [a, b]\n    nbd: [{lun: 0, socket: /run/srpd/x.sock}]\n", "already used by control.socket"},
+		{"path exports itself", strings.Replace(base, "target_port_id: 0x00000000000000010000000000000001}", "target_port_id: 0x00000000000000010000000000000001, nbd: [{lun: 0, socket: /run/a.nbd}]}", 1) +
+			"multipath:\n  - {name: v, sessions: [a, b]}\n", "exports LUNs itself"},
+		{"packet life time", strings.Replace(base, "address: 127.0.0.1", "address: 127.0.0.1\n    packet_life_time: 10s", 1), "between 1ms and 4s"},
+	} {
+		if _, err := Parse("test.yaml", []byte(tc.src)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v; want an error with %q", tc.name, err, tc.want)
+		}
+	}
+	// A changed group is in the diff; a reload starts it again.
+	c2, err := Parse("test.yaml", []byte(strings.Replace(ok, "20s", "25s", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := Diff(c, c2); !slices.Equal(d.Multipath.Changed, []string{"vol"}) || !slices.Contains(d.Summary(), "multipath vol changed") {
+		t.Fatalf("diff %+v %q", d.Multipath, d.Summary())
 	}
 }

@@ -59,6 +59,9 @@ type Changeset struct {
 	TargetDiffs []TargetDiff    `json:"target_diffs,omitempty"`
 	// Sessions (initiator connections) by name; a changed session reconnects.
 	Sessions Changes[string] `json:"sessions"`
+	// Multipath groups by name; a changed group (or one whose paths' sessions changed) is
+	// started again.
+	Multipath Changes[string] `json:"multipath"`
 	// Control, Logging, Metrics, Limits: whether that section changed. New daemon-wide
 	// limits apply to what is admitted next; nothing admitted is taken back.
 	Control bool `json:"control,omitempty"`
@@ -72,7 +75,7 @@ type Changeset struct {
 
 // Empty reports whether the configurations are equivalent.
 func (d *Changeset) Empty() bool {
-	return d.Transports.Empty() && d.Targets.Empty() && d.Sessions.Empty() &&
+	return d.Transports.Empty() && d.Targets.Empty() && d.Sessions.Empty() && d.Multipath.Empty() &&
 		!d.Control && !d.Logging && !d.Metrics && !d.Limits && !d.AllowedPaths
 }
 
@@ -99,6 +102,7 @@ func (d *Changeset) Summary() []string {
 		out = t.ACLs.summary(out, "target "+t.Name+": ACL", true)
 	}
 	out = d.Sessions.summary(out, "session", true)
+	out = d.Multipath.summary(out, "multipath", true)
 	for _, s := range []struct {
 		name    string
 		changed bool
@@ -148,6 +152,7 @@ func Diff(old, new *Config) *Changeset {
 	d := &Changeset{
 		Transports: diffKeyed(old.Transports, new.Transports, func(t *Transport) string { return t.Name }, deepEqual[Transport]),
 		Sessions:   diffKeyed(old.Sessions, new.Sessions, func(s *Session) string { return s.Name }, deepEqual[Session]),
+		Multipath:  diffKeyed(old.Multipath, new.Multipath, func(m *Multipath) string { return m.Name }, deepEqual[Multipath]),
 		Control:    old.Control != new.Control,
 		Logging:    old.Logging != new.Logging,
 		Metrics:    old.Metrics != new.Metrics,

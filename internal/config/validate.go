@@ -383,6 +383,52 @@ func (v *validator) config(c *Config) {
 		}
 	}
 
+	groups := map[string]int{}
+	member := map[string]string{}
+	for i := range c.Multipath {
+		m := &c.Multipath[i]
+		p := index("", "multipath", i)
+		if _, dup := groups[m.Name]; !dup && nameRE.MatchString(m.Name) {
+			v.label(p, "", fmt.Sprintf("multipath %q", m.Name))
+		}
+		v.name(join(p, "name"), m.Name)
+		v.uniqueName(groups, p, "multipath group", "multipath", m.Name, i)
+		if len(m.Sessions) < 2 {
+			v.errorf(join(p, "sessions"), ErrMissing, "a multipath group needs two or more sessions (one per target port)")
+		}
+		for k, n := range m.Sessions {
+			sp := index(p, "sessions", k)
+			switch {
+			case c.Session(n) == nil:
+				v.errorf(sp, ErrNotFound, "no session %q", n)
+			case member[n] != "":
+				v.errorf(sp, ErrDuplicate, "session %q is already a path of multipath %q", n, member[n])
+			default:
+				member[n] = m.Name
+				if len(c.Session(n).NBD) > 0 {
+					v.errorf(sp, ErrInvalid, "session %q exports LUNs itself: a path's LUNs are exported by its multipath group", n)
+				}
+			}
+		}
+		if t := m.NoPathTimeout; t != nil {
+			if d := t.Duration(); t.Off() || d < time.Second || d > time.Hour {
+				v.errorf(join(p, "no_path_timeout"), ErrInvalid, "must be between 1s and 1h")
+			}
+		}
+		v.nbdExports(p, m.NBD)
+		for k, e := range m.NBD {
+			if e.Socket == "" {
+				continue
+			}
+			np := join(index(p, "nbd", k), "socket")
+			if prev, dup := sockets[e.Socket]; dup {
+				v.errorf(np, ErrDuplicate, "%s is already used by %s", e.Socket, prev)
+			} else {
+				sockets[e.Socket] = v.where(np)
+			}
+		}
+	}
+
 	v.control("control", &c.Control)
 	v.lunPaths(c)
 	switch c.Logging.Level {
@@ -449,6 +495,9 @@ func (v *validator) transport(p string, t *Transport) {
 		if t.BusyPoll != nil && t.BusyPoll.Duration() > MaxBusyPoll {
 			v.errorf(join(p, "busy_poll"), ErrInvalid, "%v is longer than %v (each empty receive spins that long)", t.BusyPoll, MaxBusyPoll)
 		}
+		if d := time.Duration(t.PacketLifeTime); d != 0 && (d < time.Millisecond || d > 4*time.Second) {
+			v.errorf(join(p, "packet_life_time"), ErrInvalid, "%v must be between 1ms and 4s", d)
+		}
 		only("device", DriverVerbs, t.Device != "")
 		only("port", DriverVerbs, t.Port != 0)
 	case DriverVerbs:
@@ -468,6 +517,7 @@ func (v *validator) transport(p string, t *Transport) {
 		only("udp_port", DriverSoftRoCE, t.UDPPort != 0)
 		only("socket_buffer", DriverSoftRoCE, t.SocketBuffer != 0)
 		only("busy_poll", DriverSoftRoCE, t.BusyPoll != nil)
+		only("packet_life_time", DriverSoftRoCE, t.PacketLifeTime != 0)
 	default:
 		v.errorf(join(p, "driver"), ErrInvalid, "%q must be softroce or verbs (or verbs:<device>)", t.Driver)
 	}
@@ -710,8 +760,13 @@ func (v *validator) session(p string, s *Session) {
 		v.errorf(join(p, "connect_timeout"), ErrInvalid, "%s must be between 1s and 10m", d)
 	}
 	v.timeouts(p, s)
+	v.nbdExports(p, s.NBD)
+}
+
+// nbdExports checks the NBD exports of a session or a multipath group at p.
+func (v *validator) nbdExports(p string, exps []NBDExport) {
 	luns := map[int]int{}
-	for i, e := range s.NBD {
+	for i, e := range exps {
 		np := index(p, "nbd", i)
 		v.rng(join(np, "lun"), int64(e.LUN), 0, MaxLUNID, "")
 		if j, dup := luns[e.LUN]; dup {

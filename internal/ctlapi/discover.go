@@ -95,3 +95,29 @@ func (h *handler) discover(w http.ResponseWriter, r *http.Request, _ query) erro
 func (c *Client) Discover(ctx context.Context, r DiscoverRequest) (*Discovery, error) {
 	return call[Discovery](ctx, c, http.MethodPost, "/v1/discover", nil, r)
 }
+
+// MultipathService is the optional part of Service that answers GET /v1/multipath.
+type MultipathService interface {
+	ListMultipath(ctx context.Context) ([]MultipathInfo, error)
+}
+
+func (h *handler) listMultipath(w http.ResponseWriter, r *http.Request, _ query) error {
+	s, isMultipath := h.svc.(MultipathService)
+	if !isMultipath {
+		return fmt.Errorf("multipath: %w", ErrUnsupported)
+	}
+	ms, err := s.ListMultipath(r.Context())
+	if ms == nil {
+		ms = []MultipathInfo{}
+	}
+	return ok(w, MultipathList{Multipath: ms}, err)
+}
+
+// ListMultipath implements MultipathService.
+func (c *Client) ListMultipath(ctx context.Context) ([]MultipathInfo, error) {
+	l, err := call[MultipathList](ctx, c, http.MethodGet, "/v1/multipath", nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	return l.Multipath, nil
+}

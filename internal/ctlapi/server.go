@@ -57,6 +57,7 @@ func Handler(svc Service) http.Handler {
 		{"DELETE /v1/connections/{name}", []string{"persist"}, h.disconnect},
 		{"POST /v1/reload", []string{"dry_run", "refuse_discard"}, h.reload},
 		{"POST /v1/discover", nil, h.discover},
+		{"GET /v1/multipath", nil, h.listMultipath},
 		{"GET /v1/config", nil, h.runningConfig},
 		{"POST /v1/config/save", []string{"force"}, h.saveConfig},
 	} {

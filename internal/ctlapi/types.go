@@ -234,6 +234,9 @@ type ConnectionInfo struct {
 	Stats       IOStats     `json:"stats"`
 	// Config is the session's configuration (timeouts and all).
 	Config config.Session `json:"config"`
+	// Paths: the connection is a path of these multipath LUNs (multipath:), with its state
+	// there; empty for a connection in no multipath group.
+	Paths []ConnectionPath `json:"paths,omitempty"`
 }
 
 // ReloadResult tells what a reload changed (or, with DryRun, would change).
@@ -269,3 +272,45 @@ type (
 		Connections []ConnectionInfo `json:"connections"`
 	}
 )
+
+// MultipathInfo is a multipath group of our initiator (GET /v1/multipath): its LUNs and, for
+// each, its paths.
+type MultipathInfo struct {
+	Name     string         `json:"name"`
+	Sessions []string       `json:"sessions"`
+	LUNs     []MultipathLUN `json:"luns"`
+}
+
+// MultipathLUN is one LUN of a multipath group.
+type MultipathLUN struct {
+	LUN       int             `json:"lun"`
+	Capacity  int64           `json:"capacity"`
+	BlockSize int             `json:"block_size"`
+	NBDSocket string          `json:"nbd_socket,omitempty"`
+	Paths     []MultipathPath `json:"paths"`
+}
+
+// MultipathPath is one path of a multipath LUN: its session, whether it is usable and the
+// one I/O goes to, its target port group's asymmetric access state, and its I/O counts.
+type MultipathPath struct {
+	Session   string `json:"session"`
+	Up        bool   `json:"up"`
+	Active    bool   `json:"active"`
+	Group     int    `json:"group"` // target port group; -1: unknown (no ALUA)
+	ALUAState string `json:"alua_state"`
+	Why       string `json:"why,omitempty"` // why it is not up
+	IOs       uint64 `json:"ios"`
+	Failures  uint64 `json:"failures"` // I/Os that failed on it and went to another path
+}
+
+// MultipathList is the body of GET /v1/multipath.
+type MultipathList struct {
+	Multipath []MultipathInfo `json:"multipath"`
+}
+
+// ConnectionPath is a connection's role in one multipath LUN.
+type ConnectionPath struct {
+	Multipath string `json:"multipath"`
+	LUN       int    `json:"lun"`
+	MultipathPath
+}

@@ -90,6 +90,7 @@ type Daemon struct {
 	transports map[string]*stack.Transport
 	targets    map[string]*targetRT
 	conns      map[string]*connRT
+	mpaths     map[string]*mpathRT
 	failed     map[string]string // "transport/x", "target/x": why it is not running
 	ctl        *controlServer
 	metrics    *metricsServer
@@ -128,7 +129,7 @@ func New(opts Options) *Daemon {
 	}
 	d := &Daemon{opts: opts, log: log, version: v, cfg: emptyConfig(), loaded: emptyConfig(),
 		transports: map[string]*stack.Transport{}, targets: map[string]*targetRT{}, conns: map[string]*connRT{},
-		failed: map[string]string{}, budget: target.NewBudget(stack.BudgetConfig(&config.GlobalLimits{}))}
+		mpaths: map[string]*mpathRT{}, failed: map[string]string{}, budget: target.NewBudget(stack.BudgetConfig(&config.GlobalLimits{}))}
 	d.registry = d.newRegistry()
 	return d
 }
@@ -267,6 +268,8 @@ type plan struct {
 	startTargets    []string
 	stopConns       []string
 	startConns      []string
+	stopMpaths      []string
+	startMpaths     []string
 	// live are the changed targets that keep running: their changes apply in place
 	// (config.PlanTarget), their initiators stay logged in.
 	live             []config.TargetPlan
@@ -346,6 +349,18 @@ func (d *Daemon) makePlan(old, new *config.Config) *plan {
 			p.startConns = append(p.startConns, s.Name)
 		}
 	}
+	// A multipath group starts again when it changed or one of its paths' sessions did.
+	for _, m := range old.Multipath {
+		if nm := new.MultipathGroup(m.Name); nm == nil || slices.Contains(diff.Multipath.Changed, m.Name) ||
+			slices.ContainsFunc(m.Sessions, func(n string) bool { return slices.Contains(p.stopConns, n) }) {
+			p.stopMpaths = append(p.stopMpaths, m.Name)
+		}
+	}
+	for _, m := range new.Multipath {
+		if old.MultipathGroup(m.Name) == nil || slices.Contains(p.stopMpaths, m.Name) || d.failed["multipath/"+m.Name] != "" {
+			p.startMpaths = append(p.startMpaths, m.Name)
+		}
+	}
 	return p
 }
 
@@ -362,6 +377,11 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 	// Stop: connections first (their NBD clients and logouts may go to our own targets),
 	// then targets, then transports.
 	var wg sync.WaitGroup
+	for _, n := range p.stopMpaths {
+		if m := takeRunning(d, d.mpaths, "multipath", n); m != nil {
+			m.stop(stopCtx)
+		}
+	}
 	for _, n := range p.stopConns {
 		c := takeRunning(d, d.conns, "session", n)
 		if c != nil {
@@ -478,6 +498,15 @@ func (d *Daemon) apply(ctx context.Context, old, new *config.Config) error {
 			d.conns[n] = d.startConn(*cfg, tr, new.Control.Group)
 		}
 		errs = d.noteStartLocked(errs, "session/"+n, err)
+		d.mu.Unlock()
+	}
+	for _, n := range p.startMpaths {
+		m, err := d.startMultipath(*new.MultipathGroup(n), new.Control.Group)
+		d.mu.Lock()
+		if err == nil {
+			d.mpaths[n] = m
+		}
+		errs = d.noteStartLocked(errs, "multipath/"+n, err)
 		d.mu.Unlock()
 	}
 	return errors.Join(errs...)

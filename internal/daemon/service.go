@@ -324,10 +324,12 @@ func (d *Daemon) ListConnections(context.Context) ([]ctlapi.ConnectionInfo, erro
 
 func (d *Daemon) connInfoLocked(s *config.Session) ctlapi.ConnectionInfo {
 	if c := d.conns[s.Name]; c != nil {
-		return c.info()
+		ci := c.info()
+		ci.Paths = d.pathsLocked(s.Name)
+		return ci
 	}
 	return ctlapi.ConnectionInfo{Name: s.Name, Address: s.Address, TargetPortID: s.TargetPortID, State: ctlapi.StateError,
-		Error: d.failed["session/"+s.Name], Config: *s, LUNs: []ctlapi.RemoteLUN{}}
+		Error: d.failed["session/"+s.Name], Config: *s, LUNs: []ctlapi.RemoteLUN{}, Paths: d.pathsLocked(s.Name)}
 }
 
 // GetConnection implements ctlapi.Service.

@@ -67,26 +67,33 @@ func NBDConfig(e config.NBDExport) nbd.Config {
 // need be) until Stop. Request buffers come from the session's registered memory (mapped
 // without a copy) unless o.HeapBuffers.
 func ServeNBD(sess *initiator.Session, e config.NBDExport, o NBDOptions) (*Export, error) {
-	log := o.Logger
-	if log == nil {
-		log = zap.NewNop()
-	}
 	l := sess.LUN(uint64(e.LUN))
 	if l == nil {
 		return nil, fmt.Errorf("the target reports no LUN %d: %w", e.LUN, ctlapi.ErrNotFound)
 	}
+	var alloc nbd.Allocator
+	if !o.HeapBuffers {
+		alloc = initiator.NBDAllocator(sess)
+	}
+	desc := fmt.Sprintf("srpd %s LUN %d %s", o.Session, e.LUN, l.Info().IDString())
+	return ServeNBDDevice(initiator.NBDDevice(l), desc, alloc, e, o)
+}
+
+// ServeNBDDevice serves dev (a LUN's, or a multipath device's) on the unix socket e.Socket as
+// ServeNBD does, its request buffers from alloc (nil: the heap).
+func ServeNBDDevice(dev nbd.Device, desc string, alloc nbd.Allocator, e config.NBDExport, o NBDOptions) (*Export, error) {
+	log := o.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
 	ncfg := NBDConfig(e)
 	ncfg.Logger, ncfg.ShutdownTimeout = log.Named("nbd").With(zap.Int("lun", e.LUN)), o.ShutdownTimeout
 	ncfg.Workers, ncfg.ReadSpin = o.Workers, o.ReadSpin
-	if !o.HeapBuffers {
-		ncfg.Allocator = initiator.NBDAllocator(sess)
-	}
+	ncfg.Allocator = alloc
 	srv, err := nbd.NewServer(ncfg)
 	if err != nil {
 		return nil, err
 	}
-	dev := initiator.NBDDevice(l)
-	desc := fmt.Sprintf("srpd %s LUN %d %s", o.Session, e.LUN, l.Info().IDString())
 	names := o.Names
 	if names == nil {
 		names = []string{"", "lun" + strconv.Itoa(e.LUN)}
@@ -117,7 +124,7 @@ func ServeNBD(sess *initiator.Session, e config.NBDExport, o NBDOptions) (*Expor
 			log.Error("NBD server", zap.Error(err))
 		}
 	}()
-	log.Info("NBD export up", zap.Int("lun", e.LUN), zap.String("socket", e.Socket), zap.Int64("size", l.Size()))
+	log.Info("NBD export up", zap.Int("lun", e.LUN), zap.String("socket", e.Socket), zap.Int64("size", dev.Size()))
 	return x, nil
 }
 

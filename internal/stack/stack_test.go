@@ -138,3 +138,17 @@ func TestLoopback(t *testing.T) {
 	}
 	_ = luns[3].Close()
 }
+
+func TestLifeTimeExponent(t *testing.T) {
+	for _, tc := range []struct {
+		d    time.Duration
+		want uint8
+	}{
+		{time.Nanosecond, 1}, {time.Millisecond, 8}, {100 * time.Millisecond, 15}, {1100 * time.Millisecond, 19},
+		{time.Duration(4096) << 18, 18}, {time.Duration(4096)<<18 + 1, 19}, {time.Hour, 30},
+	} {
+		if got := LifeTimeExponent(tc.d); got != tc.want {
+			t.Errorf("LifeTimeExponent(%v) = %d, want %d", tc.d, got, tc.want)
+		}
+	}
+}

@@ -136,6 +136,14 @@ func openSoftRoCE(ctx context.Context, cfg config.Transport, o TransportOptions)
 		_ = lnk.Close()
 		return nil, fmt.Errorf("transport %s: %w", cfg.Name, err)
 	}
+	if d := time.Duration(cfg.PacketLifeTime); d > 0 {
+		c := dev.CMConfig()
+		c.PacketLifeTime = LifeTimeExponent(d)
+		if err := dev.ConfigureCM(c); err != nil {
+			_ = dev.Close(context.Background())
+			return nil, fmt.Errorf("transport %s: %w", cfg.Name, err)
+		}
+	}
 	t := &Transport{Config: cfg, Device: dev, CM: dev, Bound: lnk.LocalAddrPort(), log: log}
 	log.Info("transport up", zap.String("driver", cfg.Driver), zap.Stringer("udp", t.Bound), zap.Int("mtu", cfg.MTU),
 		zap.Duration("busy_poll", o.BusyPoll))
@@ -307,4 +315,14 @@ func ListenCause(err error) error {
 		return se.Err
 	}
 	return oe.Err
+}
+
+// LifeTimeExponent is the IB time exponent n (4.096 µs × 2^n, IBA 12.7.34) of the shortest
+// packet life time not below d, within 1..31.
+func LifeTimeExponent(d time.Duration) uint8 {
+	n := uint8(1)
+	for n < 31 && time.Duration(4096)<<n < d {
+		n++
+	}
+	return n
 }

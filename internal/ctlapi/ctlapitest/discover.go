@@ -47,3 +47,20 @@ func (f *Fake) Discover(_ context.Context, r ctlapi.DiscoverRequest) (*ctlapi.Di
 	}
 	return nil, fmt.Errorf("discover %s port %d: no target: %w", r.Address, port, ctlapi.ErrNotFound)
 }
+
+var _ ctlapi.MultipathService = (*Fake)(nil)
+
+// ListMultipath implements ctlapi.MultipathService: the groups of the configuration, without
+// paths (the Fake runs no sessions).
+func (f *Fake) ListMultipath(context.Context) ([]ctlapi.MultipathInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.fail("ListMultipath"); err != nil {
+		return nil, err
+	}
+	out := []ctlapi.MultipathInfo{}
+	for _, m := range f.cfg.Multipath {
+		out = append(out, ctlapi.MultipathInfo{Name: m.Name, Sessions: m.Sessions, LUNs: []ctlapi.MultipathLUN{}})
+	}
+	return out, nil
+}

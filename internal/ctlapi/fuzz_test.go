@@ -184,6 +184,8 @@ func FuzzRequest(f *testing.F) {
 		{"POST", "/v1/discover", `{"address":"127.0.0.1","port":5555}`},
 		{"POST", "/v1/discover", `{"address":"127.0.0.1","target_port_id":"0x00000000000000010000000000000001"}`},
 		{"POST", "/v1/discover", `{"address":"","port":70000,"transport":"../x"}`},
+		{"GET", "/v1/multipath", ""},
+		{"GET", "/v1/multipath?x=1", ""},
 	} {
 		f.Add(s.method, s.target, []byte(s.body))
 	}

@@ -24,6 +24,11 @@
 #       $SRPD_INTEROP_NAA (default 6001405abcdef0123456789abcdef012): what the sg3_utils checks
 #       of interop/srp-verbs sg-checks read back; srp-verbs changes group 1's state live with
 #       srpctl target alua.
+#   interop-srpd.sh target-rbd DIR
+#       As target, but LUN 0 is an RBD image (64 MiB) of a throw-away Ceph cluster this role
+#       starts in the harness' namespace (scripts/ceph-cluster.sh) and stops after srpd, through
+#       librbd, with $SRPD built with -tags rbd; the kernel's checksummed I/O and fio verify land
+#       in the image.
 #   interop-srpd.sh initiator DIR
 #       A softroce transport on $SRP_INTEROP_ADDR and a session to $SRP_INTEROP_TARGET_ADDR port
 #       $SRP_INTEROP_PORT (the kernel's ib_srpt) whose LUN 0 srpd exports over NBD on DIR/lun0.nbd.
@@ -93,6 +98,12 @@ target_conf() {
   if [ "${1:-}" = file ] || [ "${1:-}" = alua ]; then
     lun="{id: 0, backend: file, path: $DIR/lun0.img, create: true, size: ${SRPD_INTEROP_LUN_MIB:-64}MiB}"
   fi
+  if [ "${1:-}" = rbd ]; then
+    need SRPD_CEPH_CONF
+    need SRPD_CEPH_POOL
+    need SRPD_CEPH_IMAGE
+    lun="{id: 0, backend: rbd, block_size: 512, rbd: {cluster_config: $SRPD_CEPH_CONF, pool: $SRPD_CEPH_POOL, image: $SRPD_CEPH_IMAGE}}"
+  fi
   if [ "${1:-}" = alua ]; then
     lun="{id: 0, backend: file, path: $DIR/lun0.img, create: true, size: ${SRPD_INTEROP_LUN_MIB:-64}MiB, naa: ${SRPD_INTEROP_NAA:-6001405abcdef0123456789abcdef012}}"
     alua="
@@ -152,6 +163,24 @@ target)
   target_conf
   # The harness gives SIGTERM 5 s before SIGKILL: drain within 3 s.
   exec "$SRPD" -c "$CONF" --drain-timeout 3s
+  ;;
+target-rbd)
+  # The harness runs this inside its network namespace: the Ceph cluster is started here, on
+  # the namespace's loopback, and stopped when srpd has stopped (or by the cluster's owner
+  # watcher, should this script be killed: CEPH_CLUSTER_OWNER).
+  ip link set lo up 2>/dev/null || true
+  CEPHDIR=$(mktemp -d /tmp/srpd-interop-ceph.XXXXXX)
+  cephenv=$(CEPH_CLUSTER_OWNER=$$ CEPH_IMAGE_SIZE=${SRPD_INTEROP_LUN_MIB:-64}M "$REPO/scripts/ceph-cluster.sh" start "$CEPHDIR") ||
+    die "the Ceph cluster did not start"
+  eval "$cephenv"
+  target_conf rbd
+  "$SRPD" -c "$CONF" --drain-timeout 2s &
+  spid=$!
+  trap 'kill -TERM "$spid" 2>/dev/null || true; wait "$spid"; rc=$?; "$REPO/scripts/ceph-cluster.sh" stop "$CEPHDIR" >&2 || true; exit $rc' TERM INT
+  rc=0
+  wait "$spid" || rc=$?
+  "$REPO/scripts/ceph-cluster.sh" stop "$CEPHDIR" >&2 || true
+  exit "$rc"
   ;;
 target-restart)
   # As target, but srpd is SIGKILLed once the kernel has written through its session and

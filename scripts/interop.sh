@@ -9,6 +9,8 @@
 #   kernel-target:    srpd logs in to the kernel's ib_srpt (LIO) with a session whose LUN 0 it
 #                     exports over NBD; nbdcheck writes/reads ranges through the export, which the
 #                     kernel target hashes in its own RAM disk.
+#   kernel-initiator with an rbd LUN (a throw-away Ceph cluster; skipped, loudly, without
+#                     ceph-mon and librbd-dev);
 #   sg-checks (interop/srp-verbs, its own namespace and cache): sg3_utils in the kernel
 #                     initiator's guest against srpd with an ALUA target port group and a sparse
 #                     file LUN (RTPG, VPD 0x83/0x86, mode page 1, RSOC/RSTMF, LOG SENSE, GET LBA
@@ -81,6 +83,24 @@ fi
 grep 'RESTART: the kernel logged in again' "$OUT/kernel-initiator/cmd.stderr" | sed 's/^interop-srpd: /interop: kernel-initiator (restart): /'
 run kernel-target scripts/interop-srpd.sh initiator "$WORK/initiator"
 
+# The kernel's ib_srp against an rbd LUN (a throw-away Ceph cluster from scripts/ceph-cluster.sh,
+# srpd built with -tags rbd): the same checksummed I/O and fio verify, landing in the RBD image.
+# Needs ceph-mon, ceph-osd and librbd-dev (.ci/run installs them for make test-ceph first).
+if command -v ceph-mon >/dev/null && [ -e /usr/include/rbd/librbd.h ]; then
+  CGO_ENABLED=1 $GO build -tags rbd -o bin/srpd-rbd ./cmd/srpd
+  # The cluster runs in the harness' namespace, started by the role (interop-srpd.sh target-rbd).
+  if command -v fio >/dev/null; then
+    SRPD=$PWD/bin/srpd-rbd SRP_INTEROP_FIO=1 run kernel-initiator scripts/interop-srpd.sh target-rbd "$WORK/rbd"
+  else
+    SRPD=$PWD/bin/srpd-rbd run kernel-initiator scripts/interop-srpd.sh target-rbd "$WORK/rbd"
+  fi
+  grep -E 'RESULT' "$OUT/kernel-initiator/summary.txt" | tail -1 | sed 's/^/interop: kernel-initiator (rbd): /' || true
+  rbd_done="an rbd LUN, "
+else
+  echo "interop: SKIPPED: the kernel against an rbd LUN (no ceph-mon or librbd-dev: apt-get install ceph-mon ceph-osd ceph-common librbd-dev)" >&2
+  rbd_done=""
+fi
+
 # sg3_utils through the kernel's ib_srp (about 25 s; the guest image from the same kernel
 # cache). First the parser's own test on a recorded console, then the run.
 interop/lib/sgcheck_test.sh > "$WORK/sgcheck_test.log" 2>&1 || { cat "$WORK/sgcheck_test.log" >&2; echo "interop: sg-checks parser test failed" >&2; exit 1; }
@@ -96,4 +116,4 @@ if [ "$rc" -ne 0 ]; then
   exit 1
 fi
 grep -E '^  sg checks:|RESULT:' "$WORK/sg-checks.log" | sed 's/^ */interop: sg-checks: /'
-echo "interop: PASS (both directions, sg3_utils checks)"
+echo "interop: PASS (both directions, ${rbd_done:-}sg3_utils checks)"

@@ -224,7 +224,8 @@ test-verbs:
 # The Ceph RBD backend (scsi/backend, build tag `rbd`, cgo against librbd): `go vet -tags rbd`,
 # then scripts/ceph-cluster.sh starts a throw-away cluster (one monitor, one memstore OSD,
 # everything under a temporary directory), the backend conformance suite runs on RBD images
-# and srpd serves an rbd LUN through its own initiator's NBD export; the cluster is stopped and
+# and srpd serves an rbd LUN through its own initiator's NBD export, and two srpd gateways on one
+# image fail over (cmd/srpd TestRBDMultipathFailover); the cluster is stopped and
 # its directory removed whatever happens. Needs ceph-mon ceph-osd ceph-common librbd-dev
 # librados-dev (Debian 12, 16.2 pacific) and a C compiler; .ci/run installs them.
 CEPH_TIMEOUT ?= 10m
@@ -235,4 +236,4 @@ test-ceph:
 	trap './scripts/ceph-cluster.sh stop "$$dir"' EXIT; trap 'exit 130' INT TERM; \
 	cephenv=$$(./scripts/ceph-cluster.sh start "$$dir") || exit 1; eval "$$cephenv"; \
 	CGO_ENABLED=1 $(GO) test -tags rbd -race -count=1 -v -timeout $(CEPH_TIMEOUT) -run 'RBD' \
-		./scsi/backend/ ./internal/daemon/
+		./scsi/backend/ ./internal/daemon/ ./cmd/srpd/

@@ -187,6 +187,10 @@ admin socket = $dir/run/\$name.asok
 mon data = $dir/mon.\$id
 osd data = $dir/osd.\$id
 osd objectstore = memstore
+# A client that dies without closing its watches (a SIGKILLed gateway holding an RBD image's
+# exclusive lock) is dropped after this many seconds (default 30): the other gateway of a
+# multipath pair can take the lock over that much sooner (cmd/srpd TestRBDMultipathFailover).
+osd client watch timeout = 5
 memstore device bytes = 1073741824
 osd pool default size = 1
 osd pool default min size = 1

@@ -21,7 +21,7 @@ const failoverNAA = "0x6001405a1b2c3d4e5f60718293a4b5c6"
 // gatewayConfig is gateway i (0 or 1) of a pair exporting file as one logical unit: its own
 // address 127.0.0.(2+i), target port group i+1 (gw1 active/optimized, gw2
 // active/non-optimized), a shared file LUN with one NAA.
-func gatewayConfig(dir string, i, udp int, file string) string {
+func gatewayConfig(dir string, i, udp int, lun string) string {
 	states := []string{"active/optimized", "active/non-optimized"}
 	return fmt.Sprintf(`version: 1
 transports:
@@ -38,18 +38,12 @@ targets:
       peers:
         - {group: %d, relative_ports: [%d], state: %s}
     luns:
-      - id: 0
-        backend: file
-        path: %s
-        size: 64MiB
-        create: true
-        shared: true
-        naa: %s
+      - %s
     acls:
       - initiator: "*"
 control:
   socket: %s
-`, 2+i, udp, i+1, i+1, i+1, i+1, states[i], 2-i, 2-i, states[1-i], file, failoverNAA, filepath.Join(dir, fmt.Sprintf("gw%d.sock", i+1)))
+`, 2+i, udp, i+1, i+1, i+1, i+1, states[i], 2-i, 2-i, states[1-i], lun, filepath.Join(dir, fmt.Sprintf("gw%d.sock", i+1)))
 }
 
 // initiatorConfig: sessions to both gateways grouped as multipath "vol", LUN 0 exported over
@@ -118,14 +112,21 @@ func mpPaths(t *testing.T, sock string) map[string]ctlapi.MultipathPath {
 // reads every block back (no acknowledged write lost). gw1 starts again: the initiator fails
 // back to it and new I/O goes through it.
 func TestMultipathFailover(t *testing.T) {
+	dir := testutil.ShortTempDir(t, "srpd-mp-")
+	lun := fmt.Sprintf("{id: 0, backend: file, path: %s, size: 64MiB, create: true, shared: true, naa: %s}",
+		filepath.Join(dir, "lu.img"), failoverNAA)
+	multipathFailover(t, dir, lun)
+}
+
+// multipathFailover is TestMultipathFailover with gateways exporting lun (a luns: entry of one
+// line) from dir.
+func multipathFailover(t *testing.T, dir, lun string) {
 	fio, err := exec.LookPath("fio")
 	if err != nil {
 		t.Skip("SKIP: fio is not installed (CI installs it: .ci/run)")
 	}
 	binaries(t)
-	dir := testutil.ShortTempDir(t, "srpd-mp-")
 	udp := testutil.FreeUDPPort(t)
-	file := filepath.Join(dir, "lu.img")
 	var gwCfg [2]string
 	starts := 0
 	start := func(i int) *daemonProc {
@@ -141,7 +142,7 @@ func TestMultipathFailover(t *testing.T) {
 	}
 	var gws [2]*daemonProc
 	for i := range 2 {
-		gwCfg[i] = writeConfig(t, dir, fmt.Sprintf("gw%d.yaml", i+1), gatewayConfig(dir, i, udp, file))
+		gwCfg[i] = writeConfig(t, dir, fmt.Sprintf("gw%d.yaml", i+1), gatewayConfig(dir, i, udp, lun))
 		gws[i] = start(i)
 	}
 	iniSock := filepath.Join(dir, "ini.sock")

@@ -57,6 +57,9 @@ type Builder struct {
 	Race bool
 	// Prefix names the temporary directory.
 	Prefix string
+	// Tags are build tags for the binaries (e.g. "rbd": a test file under that tag sets it,
+	// so that `go test -tags rbd` tests binaries built with it).
+	Tags string
 
 	once sync.Once
 	dir  string
@@ -75,6 +78,9 @@ func (b *Builder) Build(t testing.TB, pkgs ...string) string {
 			args := []string{"build", "-o", b.dir}
 			if b.Race {
 				args = append(args, "-race")
+			}
+			if b.Tags != "" {
+				args = append(args, "-tags", b.Tags)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			out, err := exec.CommandContext(ctx, GoTool(), append(args, pkg)...).CombinedOutput()

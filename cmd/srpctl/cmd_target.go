@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"go.yaml.in/yaml/v3"
 	"io"
 	"os"
 	"strings"
@@ -155,6 +157,10 @@ func fromFile[T any](a *app, cmd *cobra.Command, argv []string, file string, fla
 	if err != nil {
 		return nil, err
 	}
+	data, err = specOf(src, data)
+	if err != nil {
+		return nil, err
+	}
 	v, err := parse(src, data)
 	if err != nil {
 		return nil, err
@@ -272,4 +278,27 @@ func newTargetDeleteCmd(a *app) *cobra.Command {
 	cmd.Flags().BoolVar(&force, "force", false, "delete even while initiators are logged in")
 	persistFlag(cmd, &persist)
 	return cmd
+}
+
+// specOf returns the object to create from data: data itself (a "targets:" or "sessions:"
+// entry), or the spec it holds when data is what `show -o json` or `-o yaml` printed (a
+// target's "spec", a connection's "config"), its status fields left out.
+func specOf(src string, data []byte) ([]byte, error) {
+	var doc map[string]any
+	if yaml.Unmarshal(data, &doc) != nil {
+		return data, nil // not a mapping: the parser says what is wrong
+	}
+	_, hasState := doc["state"]
+	for _, key := range []string{"spec", "config"} {
+		inner, ok := doc[key].(map[string]any)
+		if !ok || !hasState {
+			continue
+		}
+		b, err := json.Marshal(inner)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", src, key, err)
+		}
+		return b, nil
+	}
+	return data, nil
 }

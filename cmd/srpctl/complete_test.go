@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -178,5 +180,52 @@ func TestFreeConnName(t *testing.T) {
 	}
 	if got := shellQuote("/tmp/a b's"); got != `'/tmp/a b'\''s'` {
 		t.Fatalf("shellQuote: %s", got)
+	}
+}
+
+// TestShowThenCreate: what `target show -o json|yaml` and `connections NAME -o json` print is
+// accepted by `target create -f` and `connect -f` (the spec is taken, the status left out), and
+// the object comes back the same.
+func TestShowThenCreate(t *testing.T) {
+	for _, format := range []string{"json", "yaml"} {
+		t.Run(format, func(t *testing.T) {
+			h := newHarness(t)
+			code, shown, stderr := h.run("", "-o", format, "target", "show", "demo")
+			if code != 0 {
+				t.Fatalf("show: %d %s", code, stderr)
+			}
+			before := h.fake.Config().Target("demo").Clone()
+			path := filepath.Join(h.dir, "demo."+format)
+			if err := os.WriteFile(path, []byte(shown), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if code, _, stderr := h.run("", "target", "delete", "demo", "--force"); code != 0 {
+				t.Fatalf("delete: %d %s", code, stderr)
+			}
+			if code, out, stderr := h.run("", "target", "create", "-f", path); code != 0 {
+				t.Fatalf("create -f of what show printed: %d %s %s\n%s", code, out, stderr, shown)
+			}
+			after := h.fake.Config().Target("demo")
+			if after == nil || !reflect.DeepEqual(before, after) {
+				t.Fatalf("target after show/delete/create -f:\n%+v\nwant\n%+v", after, before)
+			}
+		})
+	}
+	h := newHarness(t)
+	code, shown, _ := h.run("", "-o", "json", "connections", "up")
+	path := filepath.Join(h.dir, "up.json")
+	os.WriteFile(path, []byte(shown), 0o600)
+	before := h.fake.Config().Session("up").Clone()
+	if code != 0 {
+		t.Fatal(shown)
+	}
+	if code, _, stderr := h.run("", "disconnect", "up"); code != 0 {
+		t.Fatalf("disconnect: %s", stderr)
+	}
+	if code, _, stderr := h.run("", "connect", "-f", path); code != 0 {
+		t.Fatalf("connect -f of what connections printed: %d %s", code, stderr)
+	}
+	if after := h.fake.Config().Session("up"); !reflect.DeepEqual(before, after) {
+		t.Fatalf("session after the round trip %+v, want %+v", after, before)
 	}
 }

@@ -154,6 +154,10 @@ type TargetInfo struct {
 	Limits config.Limits `json:"limits"`
 	// Sessions is the number of initiators logged in.
 	Sessions int `json:"sessions"`
+	// Spec is the target's configuration as srpd runs it (run-time changes included): the
+	// object `srpctl target create -f` and POST /v1/targets take; the fields above are its
+	// status.
+	Spec *config.Target `json:"spec,omitempty"`
 }
 
 // LUNInfo is a LUN's configuration and state.

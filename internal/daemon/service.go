@@ -42,7 +42,9 @@ func (d *Daemon) Status(context.Context) (*ctlapi.Status, error) {
 
 func (d *Daemon) targetInfoLocked(t *config.Target) ctlapi.TargetInfo {
 	if rt := d.targets[t.Name]; rt != nil {
-		return rt.info()
+		info := rt.info()
+		info.Spec = t.Clone()
+		return info
 	}
 	info := ctlapi.TargetInfo{Name: t.Name, Transport: t.Transport, PortID: t.PortID, Listen: []string{}, State: ctlapi.StateError,
 		Error: d.failed["target/"+t.Name], Limits: t.Limits, LUNs: []ctlapi.LUNInfo{}, ACLs: []ctlapi.ACLInfo{}}
@@ -55,6 +57,7 @@ func (d *Daemon) targetInfoLocked(t *config.Target) ctlapi.TargetInfo {
 	for _, a := range t.ACLs {
 		info.ACLs = append(info.ACLs, ctlapi.ACLInfo{ACL: a})
 	}
+	info.Spec = t.Clone()
 	return info
 }
 

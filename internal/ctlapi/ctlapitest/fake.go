@@ -219,7 +219,7 @@ func nonEmpty(s string) []string {
 
 func (f *Fake) targetInfo(t *config.Target) ctlapi.TargetInfo {
 	info := ctlapi.TargetInfo{Name: t.Name, Transport: t.Transport, PortID: t.PortID, State: ctlapi.StateListening,
-		Limits: t.Limits, LUNs: []ctlapi.LUNInfo{}, ACLs: []ctlapi.ACLInfo{}}
+		Limits: t.Limits, LUNs: []ctlapi.LUNInfo{}, ACLs: []ctlapi.ACLInfo{}, Spec: t.Clone()}
 	addrs := t.Listen
 	if len(addrs) == 0 {
 		if tr := f.cfg.Transport(t.Transport); tr != nil && tr.Address != "" {

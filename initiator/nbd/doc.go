@@ -20,9 +20,9 @@
 // Handshake: fixed newstyle only, with NBD_FLAG_FIXED_NEWSTYLE and NBD_FLAG_NO_ZEROES.
 // Options: NBD_OPT_GO and NBD_OPT_INFO (replying NBD_INFO_EXPORT and NBD_INFO_BLOCK_SIZE
 // always, NBD_INFO_NAME and NBD_INFO_DESCRIPTION when asked), NBD_OPT_EXPORT_NAME, NBD_OPT_LIST,
-// NBD_OPT_ABORT and NBD_OPT_STRUCTURED_REPLY. NBD_OPT_STARTTLS gets NBD_REP_ERR_POLICY (NOTLS
-// mode); every other option, including the meta context ones (there is no block status), gets
-// NBD_REP_ERR_UNSUP. The whole handshake is bounded by Config.HandshakeTimeout.
+// NBD_OPT_ABORT, NBD_OPT_STRUCTURED_REPLY and NBD_OPT_LIST_META_CONTEXT/SET_META_CONTEXT (the
+// base:allocation context, for a Device that is a BlockStatuser). NBD_OPT_STARTTLS gets
+// NBD_REP_ERR_POLICY (NOTLS mode); every other option gets NBD_REP_ERR_UNSUP. The whole handshake is bounded by Config.HandshakeTimeout.
 //
 // Transmission: NBD_CMD_READ, WRITE, DISC, FLUSH, TRIM (when the Device can discard),
 // WRITE_ZEROES (with NBD_CMD_FLAG_NO_HOLE) and CACHE (a no-op), NBD_CMD_FLAG_FUA on every
@@ -33,8 +33,9 @@
 // NBD_REPLY_TYPE_NONE for a zero-length read) and any failure with an NBD_REPLY_TYPE_ERROR
 // chunk carrying a message; other successes use simple replies.
 //
-// Requests are checked before the Device sees them, in this order: unknown command or
-// NBD_CMD_BLOCK_STATUS → EINVAL; a command flag not valid for the command → EINVAL; a write,
+// NBD_CMD_BLOCK_STATUS is answered from the Device's allocation (BlockStatuser) once
+// base:allocation was selected. Requests are checked before the Device sees them, in this
+// order: unknown command, or NBD_CMD_BLOCK_STATUS without the context → EINVAL; a command flag not valid for the command → EINVAL; a write,
 // trim or zeroing on a read-only export → EPERM; TRIM when not advertised → EINVAL; a READ or
 // WRITE longer than Config.MaxRequestSize → EINVAL (a WRITE payload of at most four times that
 // is read and discarded; a larger one ends the connection); a range past the end → ENOSPC for
@@ -43,8 +44,8 @@
 // client flags or an unknown export in NBD_OPT_EXPORT_NAME end the connection (the protocol's
 // hard disconnect); nothing a client sends makes the server panic.
 //
-// Not implemented: TLS, oldstyle negotiation, NBD_CMD_BLOCK_STATUS and meta contexts, extended
-// headers, NBD_CMD_FLAG_FAST_ZERO, NBD_CMD_RESIZE.
+// Not implemented: TLS, oldstyle negotiation, meta contexts other than base:allocation,
+// extended headers, NBD_CMD_FLAG_FAST_ZERO, NBD_CMD_RESIZE.
 //
 // # Inside a connection
 //

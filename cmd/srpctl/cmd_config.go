@@ -245,7 +245,9 @@ A reload makes srpd run what the file says, so it discards the changes made at r
 without --persist to the objects the file sets otherwise. srpctl reload refuses that
 (exit 6, nothing changes) and lists those changes: save them first with srpctl config save,
 or pass --force to discard them. SIGHUP and systemctl reload cannot ask: they reload, and srpd
-logs a warning for each run-time change discarded.
+logs a warning for each run-time change discarded. (srpd.service's ExecReload= is
+srpctl reload --force: systemctl reload waits for the reload and fails with srpd's error when
+the file is invalid, which leaves the running configuration as it was.)
 
 --dry-run only shows what the reload would change and discard (as srpctl config diff).`,
 		Example: `  srpctl reload --dry-run

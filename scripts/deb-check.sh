@@ -11,7 +11,8 @@
 # file a conffile; `srpd --check -c /etc/srpd/srpd.yaml`, also as user srpd; `systemd-analyze
 # verify` of the installed unit, with no output at all; the unit enabled (deb-systemd-helper);
 # srpd started as user srpd from the installed configuration answers `srpctl status` on
-# /run/srpd/srpd.sock; `srpctl --help`; the man pages (man -w) and the completion files.
+# /run/srpd/srpd.sock; the unit's ExecReload= command line, run as user srpd, reloads and fails
+# on an invalid file; `srpctl --help`; the man pages (man -w) and the completion files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -98,6 +99,22 @@ for _ in $(seq 100); do [ -S /run/srpd/srpd.sock ] && break; sleep 0.1; done
 status=$(srpctl --timeout 10s status 2>&1) || fail "srpctl status: $status; srpd's log: $(cat "$log")"
 grep -q "^Daemon: *srpd $version " <<<"$status" || fail "srpctl status: $status"
 [ "$(stat -c '%a %G' /run/srpd/srpd.sock)" = "660 srpd" ] || fail "control socket: $(stat -c '%a %G' /run/srpd/srpd.sock)"
+
+step "the unit's ExecReload= as user srpd: synchronous; an invalid file fails it and changes nothing"
+reload=$(sed -n 's/^ExecReload=//p' /lib/systemd/system/srpd.service)
+read -r -a reload_argv <<<"$reload"
+{ [ ${#reload_argv[@]} -gt 0 ] && [ -x "${reload_argv[0]}" ]; } || fail "ExecReload=$reload: not an installed executable"
+out=$(runuser -u srpd -- "${reload_argv[@]}" 2>&1) || fail "ExecReload= ($reload) as user srpd: $out; srpd's log: $(cat "$log")"
+grep -q '^configuration reloaded' <<<"$out" || fail "ExecReload= ($reload): $out"
+saved=$(mktemp)
+cat /etc/srpd/srpd.yaml >"$saved"
+echo "colour: blue # deb-check: an invalid key" >>/etc/srpd/srpd.yaml
+if out=$(runuser -u srpd -- "${reload_argv[@]}" 2>&1); then fail "ExecReload= accepted an invalid file: $out"; fi
+grep -q '/etc/srpd/srpd.yaml:[0-9]*: .*colour' <<<"$out" || fail "ExecReload= on an invalid file: $out"
+# Written back in place: the file keeps its owner and mode.
+cat "$saved" >/etc/srpd/srpd.yaml
+rm -f "$saved"
+status=$(srpctl --timeout 10s status 2>&1) || fail "srpctl status after the failed reload: $status"
 kill -TERM "$daemon_pid"
 wait "$daemon_pid" || fail "srpd exited $? on SIGTERM; its log: $(cat "$log")"
 daemon_pid=""

@@ -141,6 +141,10 @@ type LoginRejectError struct {
 	// The port identifiers the rejected SRP_LOGIN_REQ carried, for the hint.
 	InitiatorPortID srp.PortID
 	TargetPortID    srp.PortID
+	// TargetPortHint is the target port identifier an srpd target named in its reject of a
+	// login that named another (srp.ParsePortHint); HasTargetPortHint says whether it did.
+	TargetPortHint    srp.PortID
+	HasTargetPortHint bool
 }
 
 func (e *LoginRejectError) Error() string {
@@ -167,6 +171,9 @@ func (e *LoginRejectError) Hint() string {
 	case srp.RejChannelLimitReached:
 		return fmt.Sprintf("no ACL for this initiator port ID on the target (initiator port %v), or the target's channel limit for it is reached", e.InitiatorPortID)
 	case srp.RejUnableAssociateChannel:
+		if e.HasTargetPortHint {
+			return fmt.Sprintf("wrong target port ID (%v is not the target's; it says it is %v)", e.TargetPortID, e.TargetPortHint)
+		}
 		return fmt.Sprintf("wrong target port ID (%v is not the target's)", e.TargetPortID)
 	case srp.RejITIULenTooLarge:
 		return fmt.Sprintf("the target accepts IUs shorter than %d bytes only", e.ReqITIULen)

@@ -127,6 +127,7 @@ func (s *Session) login(ctx context.Context, c *channel, multi bool) error {
 				InitiatorPortID: req.InitiatorPortID, TargetPortID: req.TargetPortID}
 			if lr, perr := srp.ParseLoginRej(rej.PrivateData); perr == nil {
 				lre.Reason, lre.BufFmt = lr.Reason(), lr.BufFmt()
+				lre.TargetPortHint, lre.HasTargetPortHint = srp.ParsePortHint(rej.PrivateData)
 			}
 			switch lre.Reason {
 			case srp.RejITIULenTooLarge:

@@ -66,6 +66,10 @@ func TestServeCM(t *testing.T) {
 	if lr, perr := srp.ParseLoginRej(rej.PrivateData); perr != nil || lr.Reason() != srp.RejUnableAssociateChannel {
 		t.Fatalf("REJ private data %x: %v", rej.PrivateData, perr)
 	}
+	// The reject names our port ID (srp/porthint.go), which is how srpctl discover learns it.
+	if hint, ok := srp.ParsePortHint(rej.PrivateData); !ok || hint != e.tgt.portID {
+		t.Fatalf("REJ private data %x: port hint %v %v, want %v", rej.PrivateData, hint, ok, e.tgt.portID)
+	}
 
 	in, conn, err := e.dialLogin(defaultLogin())
 	if err != nil {

@@ -233,8 +233,14 @@ func (t *Target) handleConnRequest(l *queuedLogin, dev transport.Device) {
 	}
 	pc, d, _ := t.login(dev, req, info, l.p)
 	if !d.Accepted {
-		_, _ = srp.LoginRej(rej[:]).Encode(&d.Rej)
-		if err := cr.Reject(rej[:], transport.RejectConsumerDefined); err != nil {
+		var b [srp.LoginRejLen + srp.PortHintLen]byte
+		n, _ := srp.LoginRej(b[:]).Encode(&d.Rej)
+		if d.Cause == CauseTargetPortID {
+			// Wrong target port ID: say ours (srp/porthint.go), which is how srpctl
+			// discover learns it over the RDMA CM.
+			n = srp.AppendPortHint(b[:], t.portID)
+		}
+		if err := cr.Reject(b[:n], transport.RejectConsumerDefined); err != nil {
 			t.log.Debug("sending REJ", zap.Error(err))
 		}
 		l.done()

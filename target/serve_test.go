@@ -161,6 +161,10 @@ func TestServe(t *testing.T) {
 		if err != nil || rej.Reason() != tc.reason || rej.BufFmt() != SupportedBufFormats {
 			t.Fatalf("%s: LOGIN_REJ %x (%v), want reason %#x", tc.name, o.priv, err, uint32(tc.reason))
 		}
+		// Only the wrong-port reject names the port; the others stay 32 bytes, as ib_srpt's.
+		if _, hinted := srp.ParsePortHint(o.priv); hinted != (tc.reason == srp.RejUnableAssociateChannel) {
+			t.Fatalf("%s: port hint present %v in %x", tc.name, hinted, o.priv)
+		}
 	}
 
 	in, o := e.serveLogin(ln, rdma(nil), 4)

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/srpd/srpd/internal/ctlapi"
 )
@@ -32,15 +34,20 @@ func newEnv() *env {
 // app holds the state of one invocation: the environment and the global flags.
 type app struct {
 	*env
-	socket  string
-	output  string
-	timeout time.Duration
+	socket    string
+	output    string
+	noHeaders bool
+	timeout   time.Duration
 }
 
+// The --output formats. JSON and YAML carry the same fields (the control API's JSON names).
 const (
 	outputTable = "table"
 	outputJSON  = "json"
+	outputYAML  = "yaml"
 )
+
+var outputFormats = []string{outputTable, outputJSON, outputYAML}
 
 // run executes srpctl with args and returns the exit code.
 func run(ctx context.Context, args []string, e *env) int {
@@ -59,8 +66,14 @@ func run(ctx context.Context, args []string, e *env) int {
 	if errors.As(err, &silent) {
 		return code
 	}
+	h := hint(err, a.socket)
+	if a.structured() {
+		// Scripts that asked for JSON or YAML get the error in that form too, on stderr.
+		a.printErr(err, code, h)
+		return code
+	}
 	fmt.Fprintf(e.stderr, "srpctl: %v\n", err)
-	if h := hint(err, a.socket); h != "" {
+	if h != "" {
 		fmt.Fprintf(e.stderr, "hint: %s\n", h)
 	}
 	if code == exitUsage {
@@ -90,8 +103,8 @@ without it the change lasts until srpd restarts or reloads.
 		SilenceUsage:      true,
 		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: false},
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			if a.output != outputTable && a.output != outputJSON {
-				return usagef("--output %q: want table or json", a.output)
+			if !slices.Contains(outputFormats, a.output) {
+				return usagef("--output %q: want %s", a.output, strings.Join(outputFormats, ", "))
 			}
 			return nil
 		},
@@ -102,7 +115,8 @@ without it the change lasts until srpd restarts or reloads.
 	root.SetVersionTemplate("srpctl {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
 	pf := root.PersistentFlags()
-	pf.StringVarP(&a.output, "output", "o", outputTable, "output format: table or json")
+	pf.StringVarP(&a.output, "output", "o", outputTable, "output format: "+strings.Join(outputFormats, ", "))
+	pf.BoolVar(&a.noHeaders, "no-headers", false, "tables without their header line")
 	pf.StringVar(&a.socket, "socket", defSocket, "srpd's control socket ($SRPCTL_SOCKET)")
 	pf.DurationVar(&a.timeout, "timeout", 60*time.Second, "give up on the daemon after this long")
 	root.AddCommand(
@@ -114,13 +128,16 @@ without it the change lasts until srpd restarts or reloads.
 		newConnectCmd(a),
 		newDisconnectCmd(a),
 		newConnectionsCmd(a),
+		newDiscoverCmd(a),
 		newReloadCmd(a),
 		newLinkCmd(a),
 		newConfigCmd(a),
 	)
+	root.AddCommand(newVersionCmd(a))
 	root.AddCommand(packagingCmds(a)...)
 	addStatsCmds(a, root)
 	addWatchToLists(a, root)
+	addCompletions(a, root)
 	return root
 }
 
@@ -182,19 +199,67 @@ func (a *app) call(cmd *cobra.Command, fn func(ctx context.Context, c *ctlapi.Cl
 	return err
 }
 
-func (a *app) json() bool { return a.output == outputJSON }
+// structured reports whether the output is for programs (-o json or -o yaml).
+func (a *app) structured() bool { return a.output == outputJSON || a.output == outputYAML }
 
-// printJSON writes v as indented JSON.
-func (a *app) printJSON(v any) error {
-	enc := json.NewEncoder(a.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+// printData writes v as indented JSON, or with -o yaml as YAML with the same field names and
+// order (the JSON document re-read as YAML nodes, which keeps the order of the keys).
+func (a *app) printData(v any) error {
+	return writeData(a.stdout, a.output, v)
+}
+
+func writeData(w io.Writer, format string, v any) error {
+	if format != outputYAML {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return fmt.Errorf("yaml: %w", err)
+	}
+	blockStyle(&doc)
+	enc := yaml.NewEncoder(w)
+	enc.SetIndent(2)
+	if err := enc.Encode(&doc); err != nil {
+		return err
+	}
+	return enc.Close()
+}
+
+// blockStyle turns the flow style of JSON ({...}, [...]) and its quoting into YAML's plain
+// block style, where the value stays the same scalar.
+func blockStyle(n *yaml.Node) {
+	n.Style &^= yaml.FlowStyle
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!str" {
+		n.Style &^= yaml.DoubleQuotedStyle // the encoder quotes again where plain would change the type
+	}
+	for _, c := range n.Content {
+		blockStyle(c)
+	}
+}
+
+// errorDoc is an error in -o json/yaml form.
+type errorDoc struct {
+	Error    string `json:"error"`
+	ExitCode int    `json:"exit_code"`
+	Hint     string `json:"hint,omitempty"`
+}
+
+func (a *app) printErr(err error, code int, hint string) {
+	if werr := writeData(a.stderr, a.output, errorDoc{Error: err.Error(), ExitCode: code, Hint: hint}); werr != nil {
+		fmt.Fprintf(a.stderr, "srpctl: %v\n", err)
+	}
 }
 
 // table returns a tabwriter for aligned columns; call Flush when done.
 func (a *app) table(header ...string) *tabwriter.Writer {
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	if len(header) > 0 {
+	if len(header) > 0 && !a.noHeaders {
 		fmt.Fprintln(tw, strings.Join(header, "\t"))
 	}
 	return tw
@@ -221,8 +286,8 @@ func query[T any](a *app, get func(ctx context.Context, c *ctlapi.Client, argv [
 			if err != nil {
 				return err
 			}
-			if a.json() {
-				return a.printJSON(v)
+			if a.structured() {
+				return a.printData(v)
 			}
 			return text(v)
 		})
@@ -264,11 +329,11 @@ func persistFlag(cmd *cobra.Command, persist *bool) {
 
 // done prints a confirmation in table mode (JSON mode prints v, or nothing when v is nil).
 func (a *app) done(v any, format string, args ...any) error {
-	if a.json() {
+	if a.structured() {
 		if v == nil {
 			return nil
 		}
-		return a.printJSON(v)
+		return a.printData(v)
 	}
 	fmt.Fprintf(a.stdout, format+"\n", args...)
 	return nil

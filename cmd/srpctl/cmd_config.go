@@ -48,7 +48,7 @@ back with every default spelled out.`,
 				return err
 			}
 			c, perr := config.Parse(name, data)
-			if a.json() {
+			if a.structured() {
 				res := validateResult{File: name, Valid: perr == nil, Errors: []validateError{}}
 				var list config.ErrorList
 				if errors.As(perr, &list) {
@@ -59,7 +59,7 @@ back with every default spelled out.`,
 				if print {
 					res.Config = c
 				}
-				if err := a.printJSON(res); err != nil {
+				if err := a.printData(res); err != nil {
 					return err
 				}
 				if perr != nil {
@@ -155,8 +155,8 @@ srpctl refuses (exit 6) and names them; reload first, or --force to overwrite th
 				if err != nil {
 					return err
 				}
-				if a.json() {
-					return a.printJSON(res)
+				if a.structured() {
+					return a.printData(res)
 				}
 				if len(res.Changes) == 0 {
 					fmt.Fprintf(a.stdout, "%s already holds the running configuration\n", res.Path)
@@ -193,8 +193,8 @@ func (a *app) reloadPreview(cmd *cobra.Command) error {
 		if err != nil {
 			return err
 		}
-		if a.json() {
-			return a.printJSON(res)
+		if a.structured() {
+			return a.printData(res)
 		}
 		a.printReload(res, "a reload would change nothing", "a reload would:")
 		return nil
@@ -238,16 +238,16 @@ func newReloadCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "reload [--dry-run] [--force]",
 		Short: "Make srpd re-read its configuration file and apply what changed (like SIGHUP)",
-		Long: `Make srpd re-read its configuration file and apply the difference, as SIGHUP (systemctl
-reload srpd) does.
+		Long: `Make srpd re-read its configuration file and apply the difference, as SIGHUP and
+systemctl reload srpd do.
 
 A reload makes srpd run what the file says, so it discards the changes made at run time
 without --persist to the objects the file sets otherwise. srpctl reload refuses that
 (exit 6, nothing changes) and lists those changes: save them first with srpctl config save,
-or pass --force to discard them. SIGHUP and systemctl reload cannot ask: they reload, and srpd
-logs a warning for each run-time change discarded. (srpd.service's ExecReload= is
-srpctl reload --force: systemctl reload waits for the reload and fails with srpd's error when
-the file is invalid, which leaves the running configuration as it was.)
+or pass --force to discard them. systemctl reload srpd runs srpctl reload (srpd.service's
+ExecReload=): it waits for the reload and fails, with srpd's error in the journal, on an
+invalid file or a run-time change it would discard, changing nothing. SIGHUP cannot ask: it
+reloads, and srpd logs a warning for each run-time change discarded.
 
 --dry-run only shows what the reload would change and discard (as srpctl config diff).`,
 		Example: `  srpctl reload --dry-run
@@ -262,8 +262,8 @@ the file is invalid, which leaves the running configuration as it was.)
 				if err != nil {
 					return err
 				}
-				if a.json() {
-					return a.printJSON(res)
+				if a.structured() {
+					return a.printData(res)
 				}
 				a.printReload(res, "configuration reloaded: no changes", "configuration reloaded:")
 				return nil

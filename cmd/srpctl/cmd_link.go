@@ -89,7 +89,7 @@ support). Exits 7 when the kernel has no RDMA netlink support and libibverbs see
 						extra = append(extra, v)
 					}
 				}
-				if a.json() {
+				if a.structured() {
 					out := struct {
 						Links        []rdmaLink `json:"links"`
 						VerbsDevices []string   `json:"verbs_devices"`
@@ -102,7 +102,7 @@ support). Exits 7 when the kernel has no RDMA netlink support and libibverbs see
 					if lerr != nil {
 						out.NetlinkError = lerr.Error()
 					}
-					return a.printJSON(out)
+					return a.printData(out)
 				}
 				if lerr != nil {
 					fmt.Fprintf(a.stderr, "srpctl: warning: %v\n", lerr)

@@ -184,8 +184,8 @@ Remote LUNs can be exported over NBD with --nbd LUN=SOCKET.`,
 				if err != nil {
 					return err
 				}
-				if a.json() {
-					return a.printJSON(info)
+				if a.structured() {
+					return a.printData(info)
 				}
 				fmt.Fprintf(a.stdout, "connection %s to %s: %s, initiator port id %s%s\n", info.Name, info.Address, info.State,
 					info.InitiatorPortID, persisted(persist))

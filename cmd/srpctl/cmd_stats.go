@@ -101,8 +101,8 @@ With --watch every report covers the time since the previous one.`,
 					}
 					rates = one
 				}
-				if a.json() {
-					return a.printJSON(lunStatsReport{Time: cur.Time, IntervalSeconds: interval(prev, cur).Seconds(), LUNs: rates})
+				if a.structured() {
+					return a.printData(lunStatsReport{Time: cur.Time, IntervalSeconds: interval(prev, cur).Seconds(), LUNs: rates})
 				}
 				return a.printLUNRates(rates)
 			})
@@ -129,8 +129,8 @@ previous one.`,
 			}
 			return a.runStats(cmd, &f, ctlapi.StatsFilter{Target: target}, func(prev, cur *ctlapi.Stats) error {
 				rates := sessionRates(prev, cur)
-				if a.json() {
-					return a.printJSON(sessionStatsReport{Time: cur.Time, IntervalSeconds: interval(prev, cur).Seconds(), Sessions: rates})
+				if a.structured() {
+					return a.printData(sessionStatsReport{Time: cur.Time, IntervalSeconds: interval(prev, cur).Seconds(), Sessions: rates})
 				}
 				return a.printSessionRates(rates)
 			})
@@ -186,7 +186,7 @@ func (a *app) runStats(cmd *cobra.Command, f *statsFlags, filter ctlapi.StatsFil
 			fmt.Fprintf(a.stdout, "error: %v\n", err)
 			continue
 		}
-		if f.watch > 0 && !a.json() {
+		if f.watch > 0 && !a.structured() {
 			fmt.Fprintf(a.stdout, "--- %s, every %s (Ctrl-C stops)\n", a.now().Format(time.DateTime), every)
 		}
 		if err := report(prev, cur); err != nil {

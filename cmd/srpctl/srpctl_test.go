@@ -172,7 +172,7 @@ func TestCommands(t *testing.T) {
 		{"unknown flag", []string{"status", "--verbose"}, exitUsage, nil, []string{"unknown flag: --verbose"}},
 		{"extra argument", []string{"status", "x"}, exitUsage, nil, []string{"want 0 argument(s), got 1"}},
 		{"missing argument", []string{"lun", "list"}, exitUsage, nil, []string{"want 1 argument(s), got 0", "usage: srpctl lun list TARGET"}},
-		{"bad output", []string{"-o", "yaml", "status"}, exitUsage, nil, []string{`--output "yaml": want table or json`}},
+		{"bad output", []string{"-o", "xml", "status"}, exitUsage, nil, []string{`--output "xml": want table, json, yaml`}},
 		{"help", []string{"--help"}, exitOK, []string{"Exit codes:", "3  srpd is not running", "7  unsupported by the kernel"}, nil},
 		{"group help", []string{"target"}, exitOK, []string{"Available Commands:", "create"}, nil},
 		{"completion", []string{"completion", "bash"}, exitOK, []string{"bash completion"}, nil},

@@ -46,7 +46,7 @@ func addWatch(a *app, cmd *cobra.Command) {
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
-			if !a.json() {
+			if !a.structured() {
 				fmt.Fprintf(a.stdout, "--- %s, every %s (Ctrl-C stops)\n", a.now().Format(time.DateTime), every)
 			}
 			if err := run(c, argv); err != nil {

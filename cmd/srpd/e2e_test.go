@@ -643,21 +643,7 @@ func TestControlSocket(t *testing.T) {
 //	go test -run TestReadyTimeAndRSS -v ./cmd/srpd/
 func TestReadyTimeAndRSS(t *testing.T) {
 	dir := testutil.ShortTempDir(t, "srpd-")
-	data, err := os.ReadFile("../../configs/demo-loopback.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := string(data)
-	cfg = strings.ReplaceAll(cfg, "/tmp/srpd-demo.sock", filepath.Join(dir, "ctl.sock"))
-	cfg = strings.ReplaceAll(cfg, "/tmp/srpd-demo-lun0.nbd", filepath.Join(dir, "lun0.nbd"))
-	cfg = strings.Replace(cfg, "    address: 127.0.0.1\n", fmt.Sprintf("    address: 127.0.0.1\n    udp_port: %d\n", testutil.FreeUDPPort(t)), 1)
-	if cfg == string(data) {
-		t.Fatal("could not rewrite the demo configuration")
-	}
-	path := filepath.Join(dir, "demo.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := writeDemoConfig(t, dir)
 	binaries(t) // build outside the measurement
 	n := newNotifySocket(t, dir)
 	d := startDaemon(t, path, n)
@@ -750,4 +736,27 @@ func TestStopDuringStart(t *testing.T) {
 	if el := time.Since(t0); el > 15*time.Second {
 		t.Errorf("stopping during start-up took %v", el)
 	}
+}
+
+// writeDemoConfig writes configs/demo-loopback.yaml (the README's first command) into dir with its
+// sockets in dir (control: dir/ctl.sock, NBD: dir/lun0.nbd) and a free UDP port, and returns
+// its path.
+func writeDemoConfig(t *testing.T, dir string) string {
+	t.Helper()
+	data, err := os.ReadFile("../../configs/demo-loopback.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := string(data)
+	cfg = strings.ReplaceAll(cfg, "/tmp/srpd-demo.sock", filepath.Join(dir, "ctl.sock"))
+	cfg = strings.ReplaceAll(cfg, "/tmp/srpd-demo-lun0.nbd", filepath.Join(dir, "lun0.nbd"))
+	cfg = strings.Replace(cfg, "    address: 127.0.0.1\n", fmt.Sprintf("    address: 127.0.0.1\n    udp_port: %d\n", testutil.FreeUDPPort(t)), 1)
+	if cfg == string(data) {
+		t.Fatal("could not rewrite the demo configuration")
+	}
+	path := filepath.Join(dir, "demo.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

@@ -11,11 +11,12 @@ import (
 	"github.com/srpd/srpd/internal/testutil"
 )
 
-// TestReloadThroughSrpctl: what srpd.service's ExecReload= (srpctl reload --force) does. A
-// reload of a changed file exits 0 once srpd has applied it (synchronous: the LUN is there
-// when srpctl returns); an invalid file makes srpctl exit 1 with srpd's error (file:line)
-// and changes nothing; a run-time change without --persist is discarded by --force and named
-// in the output; SIGHUP still reloads.
+// TestReloadThroughSrpctl: what srpd.service's ExecReload= (its srpctl arguments, read from
+// the unit) does. A reload of a changed file exits 0 once srpd has applied it (synchronous:
+// the LUN is there when srpctl returns); an invalid file makes srpctl exit 1 with srpd's
+// error (file:line) and changes nothing; a run-time change made without --persist that the
+// file would undo makes it exit 6 naming the change, and changes nothing; --force discards
+// it and says so; SIGHUP still reloads.
 func TestReloadThroughSrpctl(t *testing.T) {
 	dir := testutil.ShortTempDir(t, "srpd-")
 	cfgPath := filepath.Join(dir, "srpd.yaml")
@@ -25,7 +26,7 @@ func TestReloadThroughSrpctl(t *testing.T) {
 	n := newNotifySocket(t, dir)
 	d := startDaemon(t, cfgPath, n)
 	n.wait(t, "READY=1", 60*time.Second)
-	reload := []string{"reload", "--force"}
+	reload := unitExecReload(t)
 	lunIDs := func() []int {
 		t.Helper()
 		var l ctlapi.LUNList
@@ -66,10 +67,18 @@ func TestReloadThroughSrpctl(t *testing.T) {
 		t.Fatalf("LUNs after the failed reload: %v, want 0 and 1", ids)
 	}
 
-	// --force: a run-time change without --persist is discarded, and said so.
+	// A run-time change without --persist: refused (exit 6, named), nothing changed; --force
+	// discards it and says so.
 	writeFile(t, cfgPath, withLUN1)
 	mustSrpctl(t, sock, nil, "lun", "add", "t", "2", "--backend", "ram", "--size", "1MiB")
-	if out := mustSrpctl(t, sock, nil, reload...); !strings.Contains(out, "LUN 2 removed") || !strings.Contains(out, "discarded") {
+	code, stdout, stderr = srpctl(t, sock, reload...)
+	if code != 6 || !strings.Contains(stderr, "LUN 2 added") {
+		t.Errorf("srpctl reload over a run-time change: exit %d, want 6 and the change named\nstdout: %s\nstderr: %s", code, stdout, stderr)
+	}
+	if ids := lunIDs(); len(ids) != 3 {
+		t.Fatalf("LUNs after the refused reload: %v, want 0, 1 and 2", ids)
+	}
+	if out := mustSrpctl(t, sock, nil, append(reload, "--force")...); !strings.Contains(out, "LUN 2 removed") || !strings.Contains(out, "discarded") {
 		t.Errorf("srpctl reload --force over a run-time change:\n%s", out)
 	}
 	if ids := lunIDs(); len(ids) != 2 {

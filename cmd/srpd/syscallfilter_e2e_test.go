@@ -172,6 +172,14 @@ control: {socket: %s, group: %s}
 	clear(model[:1<<20])
 	verifyAll(t, nc, model)
 
+	// A run-time resize, saved to the file with config save (a rename; the file's owner kept);
+	// discover (a probe login to the target and out again).
+	mustCtl(sockT, "lun", "resize", "t1", "2", "--size", "8MiB")
+	mustCtl(sockT, "config", "save")
+	if out := mustCtl(sockI, "discover", "127.0.0.1:5555"); !strings.Contains(out, t1PortID) && !strings.Contains(out, strings.TrimPrefix(t1PortID, "0x")) {
+		t.Errorf("srpctl discover does not name t1's port ID %s:\n%s", t1PortID, out)
+	}
+
 	// Stats on both sides and a metrics scrape (the process collector reads /proc).
 	mustCtl(sockT, "lun", "stats", "t1", "1", "-o", "json", "--interval", "200ms")
 	mustCtl(sockT, "session", "stats", "-o", "json", "--interval", "200ms")
@@ -181,8 +189,8 @@ control: {socket: %s, group: %s}
 		t.Fatal("the metrics lack process_open_fds")
 	}
 
-	// ExecReload: srpctl reload --force, traced (it runs under the unit's filter), after a
-	// change to the file; then an invalid file, refused with its error and nothing changed;
+	// ExecReload= (the unit's command line, on this daemon's socket), traced: it runs under
+	// the unit's filter. A change to the file; then an invalid file, refused with its error;
 	// then SIGHUP on the initiator.
 	trace := filepath.Join(dirT, "strace.srpctl")
 	orig, err := os.ReadFile(cfgT)
@@ -190,16 +198,16 @@ control: {socket: %s, group: %s}
 		t.Fatal(err)
 	}
 	writeFile(t, cfgT, strings.Replace(string(orig), "    luns:\n", "    luns:\n      - {id: 3, backend: ram, size: 4MiB}\n", 1))
-	reload := []string{"--socket", sockT, "reload", "--force"}
+	reload := append([]string{"--socket", sockT}, unitExecReload(t)...)
 	if code, stdout, stderr := runTool(t, []string{straceBin, "-f", "-qq", "-c", "-U", "name,calls", "-o", trace, "--"}, srpctlBin, reload...); code != 0 {
-		t.Fatalf("srpctl reload --force: exit %d\n%s%s", code, stdout, stderr)
+		t.Fatalf("ExecReload= (srpctl %s): exit %d\n%s%s", strings.Join(reload, " "), code, stdout, stderr)
 	}
 	var luns ctlapi.LUNList
 	if !jsonInto(mustCtl(sockT, "-o", "json", "lun", "list", "t1"), &luns) || len(luns.LUNs) != 4 {
 		t.Fatalf("t1's LUNs after the reload: %+v", luns)
 	}
 	writeFile(t, cfgT, string(orig)+"colour: blue\n")
-	if code, stdout, stderr := ctl(sockT, "reload", "--force"); code == 0 || !strings.Contains(stderr, cfgT+":") {
+	if code, stdout, stderr := runTool(t, nil, srpctlBin, reload...); code == 0 || !strings.Contains(stderr, cfgT+":") {
 		t.Fatalf("reload of an invalid file: exit %d, want non-zero and the file's error\n%s%s", code, stdout, stderr)
 	}
 	writeFile(t, cfgT, string(orig))
@@ -237,11 +245,18 @@ control: {socket: %s, group: %s}
 		}
 		used[who] = names
 	}
-	// The initiator and the target talk over UDP (not softroce's in-process loopback).
+	// The scenario ran as meant: the initiator and the target talk over UDP (not softroce's
+	// in-process loopback), accept control and NBD connections, and the target's file was
+	// rewritten (--persist, config save: temporary file and rename).
 	for _, who := range []string{"srpd (target)", "srpd (initiator)"} {
-		if !used[who]["sendmmsg"] && !used[who]["sendmsg"] && !used[who]["sendto"] {
-			t.Errorf("%s sent no UDP datagram? %v", who, used[who])
+		for _, must := range []string{"sendmmsg", "recvmmsg", "accept4"} {
+			if !used[who][must] {
+				t.Errorf("%s did not call %s: the scenario did not run as meant", who, must)
+			}
 		}
+	}
+	if !used["srpd (target)"]["renameat"] {
+		t.Error("srpd (target) did not call renameat: --persist and config save did not rewrite the file?")
 	}
 	for who, names := range used {
 		var outside []string
@@ -471,6 +486,26 @@ func exitCode(err error) int {
 
 // jsonInto decodes s into out and reports whether it could.
 func jsonInto(s string, out any) bool { return json.Unmarshal([]byte(s), out) == nil }
+
+// unitExecReload returns the arguments of srpd.service's ExecReload= after the srpctl binary.
+func unitExecReload(t *testing.T) []string {
+	t.Helper()
+	unit, err := os.ReadFile(unitFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(unit), "\n") {
+		if v, ok := strings.CutPrefix(l, "ExecReload="); ok {
+			f := strings.Fields(v)
+			if len(f) < 2 || filepath.Base(f[0]) != "srpctl" {
+				t.Fatalf("%s: ExecReload=%s does not run srpctl", unitFile, v)
+			}
+			return f[1:]
+		}
+	}
+	t.Fatalf("%s has no ExecReload=", unitFile)
+	return nil
+}
 
 // TestSyscallFilterGoRuntime: every system call Go's runtime has (the SYS_ numbers of
 // runtime/sys_linux_GOARCH.s), including those a run of TestSyscallFilter may not reach (thread

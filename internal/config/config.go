@@ -173,6 +173,12 @@ type LUN struct {
 	Create bool `yaml:"create,omitempty" json:"create,omitempty"`
 	// Direct (file, blockdev) adds O_DIRECT I/O for aligned requests.
 	Direct bool `yaml:"direct,omitempty" json:"direct,omitempty"`
+	// Shared (file) exports a file that other srpd gateways export too, as one logical unit
+	// through several target ports (ALUA multipath: give them the same naa): the file is
+	// locked shared instead of exclusive, so such exports coexist but no single-owner export
+	// opens it. On one host the page cache keeps the gateways coherent; across hosts use a
+	// cluster file system and direct.
+	Shared bool `yaml:"shared,omitempty" json:"shared,omitempty"`
 	// FollowSymlinks (file, blockdev) lets Path be or go through a symbolic link (such as
 	// /dev/disk/by-id/...). Without it a path with a symlink in any component is refused,
 	// so that whoever can write a directory on the way cannot redirect the LUN.

@@ -549,6 +549,7 @@ func (v *validator) lun(p string, l *LUN) {
 		not("create", l.Create)
 		not("direct", l.Direct)
 		not("follow_symlinks", l.FollowSymlinks)
+		not("shared", l.Shared)
 	case BackendFile:
 		v.absPath(join(p, "path"), l.Path, 4095)
 		if l.Create && l.Size == 0 {
@@ -561,6 +562,7 @@ func (v *validator) lun(p string, l *LUN) {
 		v.absPath(join(p, "path"), l.Path, 4095)
 		not("size", l.Size != 0)
 		not("create", l.Create)
+		not("shared", l.Shared)
 	case BackendRBD:
 		if !RBDSupported {
 			v.errorf(join(p, "backend"), ErrUnsupported,
@@ -572,6 +574,7 @@ func (v *validator) lun(p string, l *LUN) {
 		not("create", l.Create)
 		not("direct", l.Direct)
 		not("follow_symlinks", l.FollowSymlinks)
+		not("shared", l.Shared)
 	case "":
 		v.errorf(join(p, "backend"), ErrMissing, "required: ram, file, blockdev or rbd")
 	default:

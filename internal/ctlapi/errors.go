@@ -247,3 +247,17 @@ func rootCause(err error) error {
 		err = u
 	}
 }
+
+// WithCode makes err answer with sentinel's code (ErrUnavailable, ErrNotFound, ...) while its
+// message stays err's: errors.Is holds for both err's chain and sentinel.
+func WithCode(err, sentinel error) error {
+	if err == nil {
+		return nil
+	}
+	return &codedError{err: err, sentinel: sentinel}
+}
+
+type codedError struct{ err, sentinel error }
+
+func (e *codedError) Error() string   { return e.err.Error() }
+func (e *codedError) Unwrap() []error { return []error{e.err, e.sentinel} }

@@ -181,6 +181,9 @@ func FuzzRequest(f *testing.F) {
 		{"PATCH", "/v1/targets", ""},
 		{"GET", "/v1/targets?persist", ""},
 		{"GET", "//v1//targets/", ""},
+		{"POST", "/v1/discover", `{"address":"127.0.0.1","port":5555}`},
+		{"POST", "/v1/discover", `{"address":"127.0.0.1","target_port_id":"0x00000000000000010000000000000001"}`},
+		{"POST", "/v1/discover", `{"address":"","port":70000,"transport":"../x"}`},
 	} {
 		f.Add(s.method, s.target, []byte(s.body))
 	}

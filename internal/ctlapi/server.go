@@ -56,6 +56,7 @@ func Handler(svc Service) http.Handler {
 		{"GET /v1/connections/{name}", nil, h.getConnection},
 		{"DELETE /v1/connections/{name}", []string{"persist"}, h.disconnect},
 		{"POST /v1/reload", []string{"dry_run", "refuse_discard"}, h.reload},
+		{"POST /v1/discover", nil, h.discover},
 		{"GET /v1/config", nil, h.runningConfig},
 		{"POST /v1/config/save", []string{"force"}, h.saveConfig},
 	} {

@@ -47,7 +47,7 @@ func TestUnitDirectives(t *testing.T) {
 	for _, want := range []string{
 		"Type=notify",
 		"ExecStart=/usr/sbin/srpd -c /etc/srpd/srpd.yaml",
-		"ExecReload=/usr/bin/srpctl --socket /run/srpd/srpd.sock reload --force",
+		"ExecReload=/usr/bin/srpctl --timeout 60s reload",
 		"Restart=on-failure",
 		"LimitMEMLOCK=infinity",
 		"ProtectSystem=strict",

@@ -51,7 +51,7 @@ func OpenLUN(t *config.Target, l config.LUN, o LUNOptions) (*LUN, error) {
 		be, err = backend.NewRAM(int64(l.Size), l.ReadOnly)
 	case config.BackendFile:
 		be, err = backend.OpenFile(l.Path, backend.FileOptions{ReadOnly: l.ReadOnly, Create: l.Create,
-			Size: int64(l.Size), Direct: l.Direct, NoSymlinks: !l.FollowSymlinks, Admit: o.Admit})
+			Size: int64(l.Size), Direct: l.Direct, Shared: l.Shared, NoSymlinks: !l.FollowSymlinks, Admit: o.Admit})
 	case config.BackendBlockDev:
 		be, err = backend.OpenBlockDev(l.Path, backend.BlockDevOptions{ReadOnly: l.ReadOnly, Direct: l.Direct,
 			NoSymlinks: !l.FollowSymlinks, Admit: o.Admit})

@@ -114,9 +114,10 @@ func openSoftRoCE(ctx context.Context, cfg config.Transport, o TransportOptions)
 		return nil, fmt.Errorf("transport %s: %w", cfg.Name, err)
 	}
 	bind := netip.AddrPortFrom(addr, uint16(cfg.UDPPort))
-	// GRO takes coalesced datagrams from the kernel; GSO only ever applies to loopback
-	// destinations (initiator and target on one host), where it cuts the per-packet stack cost
-	// (a capture on lo then shows the unsegmented super-packets).
+	// GRO takes coalesced datagrams from the kernel; GSO applies to loopback destinations
+	// (initiator and target on one host) and to srpd peers that negotiated it (CM ECE), where
+	// it cuts the per-packet stack cost (a capture on lo then shows the unsegmented
+	// super-packets); kernel rxe peers never get it.
 	lnk, err := link.ListenUDP(ctx, bind, link.UDPOptions{SocketBuffer: int(cfg.SocketBuffer), GRO: true, GSO: true, BusyPoll: o.BusyPoll})
 	if err != nil {
 		return nil, fmt.Errorf("transport %s: bind UDP %v: %w", cfg.Name, bind, ListenCause(err))

@@ -23,6 +23,10 @@ type FileOptions struct {
 	// larger file is refused with ErrWouldShrink unless Shrink is set. Zero means: export the
 	// file at its current size.
 	Size int64
+	// Shared opens the file read-write under a shared lock: it backs one logical unit that
+	// other exporters (multipath gateways) open Shared too; an exclusive (default) exporter
+	// and a Shared one exclude each other.
+	Shared bool
 	// Shrink allows truncating an existing file larger than Size down to Size, destroying the
 	// data past Size.
 	Shrink bool
@@ -119,7 +123,7 @@ func OpenFile(path string, opts FileOptions) (*File, error) {
 		return fail(ErrNotRegularFile)
 	}
 	how := unix.LOCK_EX
-	if opts.ReadOnly {
+	if opts.ReadOnly || opts.Shared {
 		how = unix.LOCK_SH
 	}
 	if err := b.d.control(func(fd int) error { return unix.Flock(fd, how|unix.LOCK_NB) }); err != nil {

@@ -174,6 +174,38 @@ func TestOpenFileBusy(t *testing.T) {
 	a.Close()
 	b.Close()
 
+	// Shared exports (multipath gateways of one unit) coexist, write, and keep exclusive ones
+	// out; an exclusive one keeps them out.
+	sh := FileOptions{Shared: true}
+	a, err = open(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = open(sh)
+	if err != nil {
+		t.Fatalf("second shared open: %v", err)
+	}
+	if _, err := open(rw); !errors.Is(err, ErrBusy) {
+		t.Errorf("exclusive open while exported shared: %v; want ErrBusy", err)
+	}
+	if _, err := a.WriteAt(bytes.Repeat([]byte{7}, 512), 0); err != nil {
+		t.Fatalf("write through a shared export: %v", err)
+	}
+	got := make([]byte, 512)
+	if _, err := b.ReadAt(got, 0); err != nil || got[0] != 7 || got[511] != 7 {
+		t.Fatalf("the other shared export reads %v: %v", got[:4], err)
+	}
+	a.Close()
+	b.Close()
+	a, err = open(rw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open(sh); !errors.Is(err, ErrBusy) {
+		t.Errorf("shared open while exported exclusively: %v; want ErrBusy", err)
+	}
+	a.Close()
+
 	// Closing releases the lock.
 	c, err := open(rw)
 	if err != nil {

@@ -2,6 +2,7 @@ package softroce
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"net/netip"
@@ -32,6 +33,7 @@ const cmPort = 5555
 type cmPair struct {
 	a, b   *node
 	la, lb *link.MemLink // nil over UDP
+	mtu    transport.MTU // the path MTU the REQ must offer; 0: 4096
 }
 
 func newCMPipe(t *testing.T, pc link.PipeConfig, o nodeOpts) *cmPair {
@@ -136,7 +138,7 @@ func connectCM(t *testing.T, p *cmPair, dialPD, acceptPD []byte) (ca, cb transpo
 	}
 	info := req.Info()
 	// Loopback's 65536-byte MTU: the kernel would offer 4096 as well (iboe_get_mtu).
-	if info.RemoteQPN != p.a.qp.QPN() || info.PathMTU != transport.MTU4096 || info.PacketSrc != p.a.addr.Addr() ||
+	if info.RemoteQPN != p.a.qp.QPN() || info.PathMTU != cmp.Or(p.mtu, transport.MTU4096) || info.PacketSrc != p.a.addr.Addr() ||
 		info.PacketDst != p.b.addr.Addr() || info.RemoteAddr.Addr() != p.a.addr.Addr() || info.LocalAddr != netip.AddrPortFrom(p.b.addr.Addr(), cmPort) ||
 		info.ResponderResources != 4 || info.InitiatorDepth != 4 || !info.FlowControl {
 		t.Fatalf("request info %+v", info)

@@ -49,6 +49,7 @@ type cmConn struct {
 	dev     *Device
 	id      cm.ConnID
 	qp      *qp
+	active  bool   // created by Dial
 	udpPort uint16 // the peer's UDP port (4791 unless it is a test device)
 
 	local, remote netip.AddrPort // RDMA CM endpoints
@@ -203,6 +204,7 @@ func (l *listener) Close() error {
 type connRequest struct {
 	rec      *cmConn
 	info     transport.ConnRequestInfo
+	ece      cm.ECE // the REQ's
 	pd       []byte
 	answered bool  // dev.mu
 	dead     bool  // dev.mu: the peer gave up or the CM timed the request out
@@ -263,7 +265,8 @@ func (r *connRequest) Accept(ctx context.Context, tqp transport.QP, privateData 
 	rec.wait = wait
 	c.estWait[q.qpn] = rec.id
 	err = c.call(func(now time.Duration, out *cm.Outputs) error {
-		return c.mgr.Accept(now, rec.id, &cm.AcceptParams{QPN: q.qpn, PrivateData: privateData, Param: param}, out)
+		return c.mgr.Accept(now, rec.id, &cm.AcceptParams{QPN: q.qpn, PrivateData: privateData, Param: param,
+			ECE: acceptECE(r.ece)}, out)
 	})
 	if err != nil {
 		rec.wait = nil
@@ -366,13 +369,14 @@ func (d *Device) Dial(ctx context.Context, remote netip.AddrPort, tqp transport.
 	id, err := c.mgr.Dial(t, &cm.DialParams{
 		LocalAddr: local, RemoteAddr: ra, DstPort: remote.Port(), QPN: q.qpn,
 		PrivateData: privateData, Param: param, PathMTU: mtu,
+		ECE: cm.ECE{VendorID: eceVendorSRPD, AttrMod: eceOffer},
 	}, &c.out)
 	if err != nil {
 		d.mu.Unlock()
 		return nil, cmErr(fmt.Sprintf("dial %v", remote), err)
 	}
 	wait := make(chan cmResult, 1)
-	rec := &cmConn{dev: d, id: id, qp: q, udpPort: c.peerPort(ra), wait: wait,
+	rec := &cmConn{dev: d, id: id, qp: q, active: true, udpPort: c.peerPort(ra), wait: wait,
 		events: make(chan transport.CMEvent, 2)}
 	c.conns[id] = rec
 	c.process(&c.out, t, netip.AddrPort{})
@@ -480,4 +484,39 @@ func iboeMTU(ifMTU int) transport.MTU {
 		}
 	}
 	return transport.MTU256 // iboe_get_mtu gives 0 below 352 bytes; 256 is the smallest path MTU
+}
+
+// ECE between srpd peers. Our receive path accepts any IPv4 Identification (link.UDP recovers
+// it from the ICRC), which lets a peer send to us in UDP GSO super-packets: the kernel numbers
+// the segments' IDs itself, so their ICRCs, computed for ID 0, only verify at a receiver that
+// recovers the ID. rxe checks the ICRC as sent and so must never get such packets
+// (link/udp.go). A REQ from us offers; an srpd passive side agrees in its REP with a bit of its
+// own, because a kernel passive side answers with the REQ's ECE unchanged (cma.c
+// cma_accept_ib), which must not read as agreement. Kernel ULPs (ib_srp, ib_srpt) send no ECE.
+const (
+	// eceVendorSRPD is a locally administered ID (the U/L bit of its first octet is set), not
+	// an IEEE OUI, so it names no vendor's ECE options.
+	eceVendorSRPD = 0x0A5250
+	eceOffer      = 1 << 0 // REQ: our receiver accepts any IPv4 Identification
+	eceAgree      = 1 << 1 // REP: so does ours, answering an offer
+)
+
+// acceptECE is the ECE our REP carries for a REQ's: agreement to an srpd offer, else none.
+func acceptECE(req cm.ECE) cm.ECE {
+	if req.VendorID == eceVendorSRPD && req.AttrMod&eceOffer != 0 {
+		return cm.ECE{VendorID: eceVendorSRPD, AttrMod: eceAgree}
+	}
+	return cm.ECE{}
+}
+
+// peerSegmentable reports whether the peer's ECE (its REQ's when we are passive, its REP's
+// when active) says it accepts any IPv4 Identification.
+func peerSegmentable(peer cm.ECE, active bool) bool {
+	if peer.VendorID != eceVendorSRPD {
+		return false
+	}
+	if active {
+		return peer.AttrMod&eceAgree != 0
+	}
+	return peer.AttrMod&eceOffer != 0
 }

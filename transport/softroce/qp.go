@@ -90,6 +90,11 @@ type qp struct {
 	av    transport.AddressVector
 	src   netip.AddrPort
 	dst   netip.AddrPort
+	// segmentable: the peer is an srpd that accepts any IPv4 Identification (it recovers the
+	// ID from the ICRC), so our packets to it may leave in UDP GSO super-packets, whose
+	// segments the kernel numbers itself (link.Packet.Segmentable). Negotiated through CM ECE
+	// (cmapi.go eceSRPD); set with the RTR transition, cleared by reset.
+	segmentable bool
 
 	sq                     []sendWQE
 	sqMask                 uint32
@@ -218,6 +223,7 @@ func (p *pd) CreateQP(ia transport.QPInitAttr) (transport.QP, error) {
 // reset returns the QP to the RESET state's defaults (queues emptied without completions).
 func (q *qp) reset() {
 	q.state = transport.QPSReset
+	q.segmentable = false
 	q.sqHead, q.sqReq, q.sqTail = 0, 0, 0
 	q.rqHead, q.rqTail = 0, 0
 	for i := range q.sq {
@@ -710,7 +716,7 @@ func (q *qp) newPacket(buf []byte, op wire.Opcode, n int, psn wire.PSN, ackReq b
 }
 
 func (q *qp) linkPacket(p wire.Packet) link.Packet {
-	return link.Packet{Src: q.src, Dst: q.dst, TrafficClass: q.av.TrafficClass, Buf: p.Bytes()}
+	return link.Packet{Src: q.src, Dst: q.dst, TrafficClass: q.av.TrafficClass, Buf: p.Bytes(), Segmentable: q.segmentable}
 }
 
 // work is the transmit loop's service of q: pending control packet (behind read responses),

@@ -337,6 +337,9 @@ func (c *cmState) process(out *cm.Outputs, now time.Duration, rx netip.AddrPort)
 			err = &transport.ModifyError{To: attr.State, Err: transport.ErrClosed, Detail: "QP gone"}
 		default:
 			err = q.modifyLocked(&attr, u.Mask)
+			if err == nil && u.Mask&transport.AttrState != 0 && attr.State == transport.QPSRTR && rec != nil {
+				q.segmentable = peerSegmentable(u.PeerECE, rec.active)
+			}
 		}
 		if err == nil {
 			continue
@@ -473,7 +476,7 @@ func (c *cmState) request(e *cm.Event, now time.Duration, rx netip.AddrPort) {
 		dev: c.dev, id: e.Conn, udpPort: c.replyPort(rx),
 		local: e.Request.LocalAddr, remote: e.Request.RemoteAddr,
 	}
-	r := &connRequest{rec: rec, info: e.Request.ConnRequestInfo, pd: clone(e.PrivateData)}
+	r := &connRequest{rec: rec, info: e.Request.ConnRequestInfo, ece: e.Request.ECE, pd: clone(e.PrivateData)}
 	rec.req = r
 	c.conns[e.Conn] = rec
 	if lis != nil && !lis.closed {

@@ -13,6 +13,10 @@ type conn struct {
 	state  State
 	active bool
 
+	// peerECE is the ECE of the peer's REQ (passive) or REP (active); the RTR QPUpdate
+	// carries it.
+	peerECE ECE
+
 	silent         bool // destroyed or rejected by the ULP: no further events
 	disconnectSent bool // EventDisconnected delivered
 	qpTouched      bool // a QPUpdate was emitted
@@ -92,6 +96,20 @@ type DialParams struct {
 	TrafficClass uint8
 	// HopLimit 0 means Config.HopLimit (64).
 	HopLimit uint8
+	// ECE goes into the REQ (vendor ID at bytes 29-31, attribute modifier in the MAD header),
+	// as rdma_connect_ece does; zero (the kernel ULPs' value) leaves both fields 0.
+	ECE ECE
+}
+
+// ECE is Enhanced Connection Establishment data (struct rdma_ucm_ece,
+// torvalds/linux:include/uapi/rdma/rdma_user_cm.h): a 24-bit vendor ID and a 32-bit attribute
+// modifier carried by REQ and REP. cm.c cm_format_req/cm_format_rep write them
+// (cm_format_mad_ece_hdr puts attr_mod in the MAD header's AttributeModifier) and
+// cm_req_handler/cm_rep_handler read them back; a kernel passive side that has no ECE of its
+// own answers with the REQ's (cma.c cma_accept_ib copies id_priv->ece into the REP).
+type ECE struct {
+	VendorID uint32 // 24 bits
+	AttrMod  uint32
 }
 
 // Dial starts an active connection: it emits the QP's INIT update, sends a REQ formatted as
@@ -167,6 +185,7 @@ func (m *Manager) Dial(now time.Duration, p *DialParams, out *Outputs) (ConnID, 
 	r.SetRNRRetryCount(c.rnrRetry)
 	r.SetMaxCMRetries(cfg.MaxCMRetries)
 	r.SetSRQ(c.srq)
+	setECE(b, p.ECE, r.SetVendorID)
 	pp := r.PrimaryPath()
 	if c.hopLimit > 1 {
 		// "Work-around until there's a way to obtain remote LID info" (cm_format_req).
@@ -221,6 +240,9 @@ type AcceptParams struct {
 	// SRQ, RNRRetryCount (0 means 7: the peer's rnr_retry), MinRNRTimer. RetryCount is
 	// ignored (the REQ's applies).
 	Param transport.ConnParam
+	// ECE goes into the REP (vendor ID at bytes 39/43/47, attribute modifier in the MAD
+	// header); zero leaves both 0.
+	ECE ECE
 }
 
 // Accept answers a request (states REQ_RCVD, MRA_REQ_SENT) the way rdma_accept does
@@ -274,6 +296,7 @@ func (m *Manager) Accept(now time.Duration, id ConnID, p *AcceptParams, out *Out
 	r.SetRNRRetryCount(repRNR)
 	r.SetSRQ(c.srq)
 	r.SetLocalCAGUID(cfg.GUID)
+	setECE(b, p.ECE, r.SetVendorID)
 	copy(r.PrivateData(), p.PrivateData)
 
 	c.state = StateRepSent
@@ -499,3 +522,13 @@ func (m *Manager) sendDREPTo(c *conn, dst netip.Addr, out *Outputs) {
 	r.SetRemoteCommID(c.remoteID)
 	copy(r.PrivateData(), c.pd[:c.pdLen])
 }
+
+// setECE writes e into a REQ or REP MAD: the vendor ID through setVendor, the attribute
+// modifier into the MAD header (cm.c cm_format_mad_ece_hdr).
+func setECE(mad []byte, e ECE, setVendor func(uint32)) {
+	setVendor(e.VendorID & 0xFFFFFF)
+	putBE32(mad[madAttrMod:], e.AttrMod)
+}
+
+// madAttrMod is the offset of the MAD header's AttributeModifier (struct ib_mad_hdr attr_mod).
+const madAttrMod = 20

@@ -149,6 +149,7 @@ func (m *Manager) handleREQ(now time.Duration, src, dst netip.Addr, r REQ, out *
 	c.reqRNRRetry = c.rnrRetry
 	c.flowControl = r.EndToEndFlowControl()
 	c.srq = r.SRQ()
+	c.peerECE = ECE{VendorID: r.VendorID(), AttrMod: be32(r[madAttrMod:])}
 	pp := r.PrimaryPath()
 	// cm_format_paths_from_req: packet_life_time = ack timeout - 1, av.timeout = that + 1.
 	c.reqAckTO = pp.LocalACKTimeout()
@@ -171,7 +172,7 @@ func (m *Manager) handleREQ(now time.Duration, src, dst netip.Addr, r REQ, out *
 			InitiatorDepth: c.initDepth, RetryCount: c.retryCount, RNRRetryCount: c.rnrRetry,
 			FlowControl: c.flowControl, SRQ: c.srq,
 		},
-		Listener: lis, ServiceID: c.serviceID,
+		Listener: lis, ServiceID: c.serviceID, ECE: c.peerECE,
 	}
 	m.emit(c, out, e)
 }
@@ -237,6 +238,7 @@ func (m *Manager) handleREP(now time.Duration, src, dst netip.Addr, r REP, out *
 	c.sqPSN = r.StartingPSN()
 	c.rnrRetry = r.RNRRetryCount()
 	c.avTimeout = AckTimeout(r.TargetACKDelay(), c.avTimeout-1)
+	c.peerECE = ECE{VendorID: r.VendorID(), AttrMod: be32(r[madAttrMod:])}
 	c.state = StateRepRcvd
 	// cma_rep_recv: QP to RTR and RTS (cma_modify_qp_rtr re-applies INIT first), then RTU.
 	m.qpInit(c, out)

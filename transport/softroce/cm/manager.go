@@ -479,6 +479,7 @@ func (m *Manager) qpRTR(c *conn, out *Outputs) {
 		MaxDestRdAtomic: c.respRes, MinRNRTimer: c.minRNRTimer,
 	}, transport.AttrState|transport.AttrAV|transport.AttrPathMTU|transport.AttrDestQPN|
 		transport.AttrRQPSN|transport.AttrMaxDestRdAtomic|transport.AttrMinRNRTimer)
+	out.QP[len(out.QP)-1].PeerECE = c.peerECE
 }
 
 // qpRTS is cm.c cm_init_qp_rts_attr: sq_psn, retry_cnt, rnr_retry, max_rd_atomic = initiator

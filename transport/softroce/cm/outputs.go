@@ -29,6 +29,8 @@ type QPUpdate struct {
 	QPN  uint32
 	Attr transport.QPAttr
 	Mask transport.QPAttrMask
+	// PeerECE is the peer's ECE (from its REQ or REP) on the RTR update; zero otherwise.
+	PeerECE ECE
 }
 
 // TimerOp records a change of a connection's single timer: armed for At, or cancelled. The
@@ -70,6 +72,7 @@ type RequestInfo struct {
 	transport.ConnRequestInfo
 	Listener  netip.AddrPort // the listener that matched (unspecified address: wildcard)
 	ServiceID uint64
+	ECE       ECE // the REQ's
 }
 
 // Event is a ULP event. Slices point into the Outputs and are valid until its next Reset.

@@ -53,6 +53,11 @@ type Packet struct {
 	// Recv: Buf is resliced (within its capacity, which must be >= MaxPacket) to the datagram,
 	// the ICRC has been verified and the packet parses with wire.Parse; Src/Dst are filled.
 	Buf []byte
+	// Segmentable (Send): the receiver accepts any IPv4 Identification (an srpd peer: it
+	// recovers the ID from the ICRC), so a link with UDP GSO may send the packet in a
+	// super-packet whose segments the kernel numbers. Without it GSO is used only towards
+	// loopback addresses. Ignored on Recv.
+	Segmentable bool
 }
 
 // Link is a RoCEv2 datagram endpoint. All methods are safe for concurrent use; Send and Recv

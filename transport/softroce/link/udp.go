@@ -37,11 +37,12 @@ import (
 // net/ipv6/ip6_udp_tunnel.c udp_sock_create6 — and a real checksum is what RFC 6935/6936 ask of
 // non-tunnel senders).
 //
-// UDP GSO (UDP_SEGMENT) is not used: the segments' IPv4 IDs would be chosen by whoever
-// segments (inet_gso_segment increments from the first ID in software; a NIC doing USO follows
-// its own rule) and on loopback the capture point sees the unsegmented super-packet, so the IDs
-// the ICRC must cover cannot be proven here. Receivers would recover them anyway, but rxe does
-// not: it checks the full ICRC. Without GSO every datagram leaves with ID 0.
+// UDP GSO (UDP_SEGMENT, UDPOptions.GSO) is used only towards loopback addresses and towards
+// peers that accept any IPv4 Identification (Packet.Segmentable: an srpd, negotiated through CM
+// ECE). The segments' IPv4 IDs are chosen by whoever segments (inet_gso_segment increments
+// from the first ID in software; a NIC doing USO follows its own rule), so the ICRC, computed
+// for ID 0, covers only the first; receivers that recover the ID accept them all, but rxe does
+// not: it checks the full ICRC. Every other datagram leaves alone with ID 0.
 //
 // What is accepted. IP_PKTINFO/IPV6_RECVPKTINFO give the destination address (needed for the
 // ICRC when bound to a wildcard), IP_RECVTOS/IPV6_RECVTCLASS the traffic class, SO_RXQ_OVFL the
@@ -243,7 +244,7 @@ func (u *UDP) BatchSize() int { return u.batch }
 // GRO reports whether UDP_GRO is in use.
 func (u *UDP) GRO() bool { return u.gro }
 
-// GSO reports whether UDP GSO is in use for loopback destinations.
+// GSO reports whether UDP GSO is in use (for loopback destinations and Segmentable packets).
 func (u *UDP) GSO() bool {
 	u.sendMu.Lock()
 	defer u.sendMu.Unlock()
@@ -382,7 +383,7 @@ func (u *UDP) prepareSend(pkts []Packet) (int, error) {
 		if open {
 			fp := &pkts[first]
 			k := i - first
-			if fp.Dst == p.Dst && msrc == src && fp.TrafficClass == p.TrafficClass &&
+			if fp.Dst == p.Dst && msrc == src && fp.TrafficClass == p.TrafficClass && fp.Segmentable == p.Segmentable &&
 				len(p.Buf) <= seg && len(pkts[i-1].Buf) == seg && k < gsoMaxSegs && bytes+len(p.Buf) <= gsoMaxBytes {
 				// Append p to the message as one more segment.
 				bytes += len(p.Buf)
@@ -398,7 +399,7 @@ func (u *UDP) prepareSend(pkts []Packet) (int, error) {
 			}
 		}
 		first, seg, bytes, msrc = i, len(p.Buf), len(p.Buf), src
-		open = u.gso && dst.IsLoopback()
+		open = u.gso && (dst.IsLoopback() || p.Segmentable)
 
 		m := nmsg
 		nmsg++

@@ -20,15 +20,15 @@ type UDPOptions struct {
 	// With GRO the link receives into its own 64 KiB buffers and copies each packet out (one
 	// copy); without it, recvmmsg writes straight into the caller's buffers.
 	GRO bool
-	// GSO sends runs of consecutive packets to the same loopback destination as one UDP GSO
+	// GSO sends runs of consecutive packets to the same destination as one UDP GSO
 	// super-packet (UDP_SEGMENT, Linux >= 4.18): one trip through the stack instead of one per
 	// packet. Only for loopback destinations (127.0.0.0/8, ::1), whose receivers are processes
-	// on this host: on lo the super-packet reaches a UDP_GRO socket whole (Recv splits it) and
-	// is segmented in software for any other socket. Each segment is an ordinary RoCEv2
-	// packet with its own ICRC computed for IPv4 Identification 0; software segmentation may
-	// number the segments' IDs, which the ICRC covers, so a receiver must recover the ID as
-	// this link does (rxe on lo does not exist). A capture on lo shows the unsegmented
-	// super-packets, so leave GSO off where tshark is to read lo.
+	// on this host, and for packets marked Packet.Segmentable (a peer that negotiated it: an
+	// srpd). Each segment is an ordinary RoCEv2 packet with its own ICRC computed for IPv4
+	// Identification 0; segmentation (in software, or by a NIC doing USO) numbers the segments'
+	// IDs, which the ICRC covers, so a receiver must recover the ID as this link does; rxe does
+	// not. On lo the super-packet reaches a UDP_GRO socket whole (Recv splits it). A capture on
+	// lo shows the unsegmented super-packets, so leave GSO off where tshark is to read lo.
 	GSO bool
 	// BusyPoll is how long a receive that finds the socket empty keeps retrying before it
 	// waits in the netpoller: a user-space version of the kernel's busy_read (SO_BUSY_POLL,

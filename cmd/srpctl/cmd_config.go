@@ -238,14 +238,16 @@ func newReloadCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "reload [--dry-run] [--force]",
 		Short: "Make srpd re-read its configuration file and apply what changed (like SIGHUP)",
-		Long: `Make srpd re-read its configuration file and apply the difference, as SIGHUP (systemctl
-reload srpd) does.
+		Long: `Make srpd re-read its configuration file and apply the difference, as SIGHUP and
+systemctl reload srpd do.
 
 A reload makes srpd run what the file says, so it discards the changes made at run time
 without --persist to the objects the file sets otherwise. srpctl reload refuses that
 (exit 6, nothing changes) and lists those changes: save them first with srpctl config save,
-or pass --force to discard them. SIGHUP and systemctl reload cannot ask: they reload, and srpd
-logs a warning for each run-time change discarded.
+or pass --force to discard them. systemctl reload srpd runs srpctl reload (srpd.service's
+ExecReload=): it waits for the reload and fails, with srpd's error in the journal, on an
+invalid file or a run-time change it would discard, changing nothing. SIGHUP cannot ask: it
+reloads, and srpd logs a warning for each run-time change discarded.
 
 --dry-run only shows what the reload would change and discard (as srpctl config diff).`,
 		Example: `  srpctl reload --dry-run

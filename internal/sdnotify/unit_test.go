@@ -48,8 +48,6 @@ func TestUnitDirectives(t *testing.T) {
 		"Type=notify",
 		"ExecStart=/usr/sbin/srpd -c /etc/srpd/srpd.yaml",
 		"ExecReload=/usr/bin/srpctl --timeout 60s reload",
-		"SystemCallFilter=@system-service",
-		"SystemCallErrorNumber=EPERM",
 		"Restart=on-failure",
 		"LimitMEMLOCK=infinity",
 		"ProtectSystem=strict",
@@ -63,6 +61,10 @@ func TestUnitDirectives(t *testing.T) {
 		"CapabilityBoundingSet=CAP_NET_ADMIN",
 		"AmbientCapabilities=CAP_NET_ADMIN",
 		"DevicePolicy=closed",
+		"PrivateDevices=yes",
+		"SystemCallFilter=@system-service",
+		"SystemCallFilter=~@privileged @resources",
+		"SystemCallErrorNumber=EPERM",
 	} {
 		if !lines[want] {
 			t.Errorf("srpd.service lacks %q", want)
@@ -81,20 +83,19 @@ func TestUnitDirectives(t *testing.T) {
 }
 
 // TestUnitVerifies runs systemd-analyze verify on srpd.service, with ExecStart and ExecReload
-// pointing at stand-in executables (verify checks that the binaries exist). Any warning fails the test:
-// verify exits 0 on unknown directives and only prints them.
+// pointing at stand-in executables (verify checks that the binaries exist). Any warning fails
+// the test: verify exits 0 on unknown directives and only prints them.
 func TestUnitVerifies(t *testing.T) {
 	analyze := needTool(t, "systemd-analyze")
 	dir := t.TempDir()
-	stub := filepath.Join(dir, "srpd")
-	if err := os.WriteFile(stub, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
-		t.Fatal(err)
+	unit := readUnit(t)
+	for _, bin := range []string{"/usr/sbin/srpd", "/usr/bin/srpctl"} {
+		stub := filepath.Join(dir, filepath.Base(bin))
+		if err := os.WriteFile(stub, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		unit = strings.ReplaceAll(unit, bin, stub)
 	}
-	ctlStub := filepath.Join(dir, "srpctl")
-	if err := os.WriteFile(ctlStub, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	unit := strings.ReplaceAll(strings.ReplaceAll(readUnit(t), "/usr/sbin/srpd", stub), "/usr/bin/srpctl", ctlStub)
 	path := filepath.Join(dir, "srpd.service")
 	if err := os.WriteFile(path, []byte(unit), 0o644); err != nil {
 		t.Fatal(err)
@@ -112,6 +113,32 @@ func TestUnitVerifies(t *testing.T) {
 	out, _ = exec.Command(analyze, "verify", "--man=no", path).CombinedOutput()
 	if !strings.Contains(string(out), "NoNewPrivilege") {
 		t.Fatalf("systemd-analyze verify did not report a misspelt directive:\n%s", out)
+	}
+}
+
+// TestUnitExposure: systemd-analyze security rates srpd.service's exposure 1.5 (the unit's
+// comment says what the rest is and why); a change that loosens the sandbox fails here.
+func TestUnitExposure(t *testing.T) {
+	analyze := needTool(t, "systemd-analyze")
+	path := filepath.Join(t.TempDir(), "srpd.service")
+	if err := os.WriteFile(path, []byte(readUnit(t)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// --threshold is in tenths: 15 is 1.5.
+	out, err := exec.Command(analyze, "security", "--offline=yes", "--threshold=15", "--no-pager", path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("systemd-analyze security: exposure above 1.5 (%v):\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "Overall exposure level for srpd.service: 1.5") {
+		t.Errorf("systemd-analyze security: want an exposure of 1.5 (the unit's comment says so):\n%s", out)
+	}
+	// The check has teeth: without the system call filter the exposure is above 1.5.
+	loose := strings.Replace(readUnit(t), "SystemCallFilter=@system-service", "", 1)
+	if err := os.WriteFile(path, []byte(loose), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(analyze, "security", "--offline=yes", "--threshold=15", "--no-pager", path).CombinedOutput(); err == nil {
+		t.Errorf("systemd-analyze security --threshold=15 passed a unit without SystemCallFilter=@system-service:\n%s", out)
 	}
 }
 

@@ -20,9 +20,29 @@ import (
 //   - ErrSessionLost, ErrClosed → ESHUTDOWN (the export's session is gone for good)
 //   - medium, hardware, reservation conflict, timeouts, ErrFastFail, ErrTransport and anything
 //     else → EIO
-func NBDDevice(l *LUN) nbd.Device { return nbdDevice{l} }
+//
+// It takes any BlockDevice: a LUN, or a multipath device over several (initiator/mpath).
+func NBDDevice(l BlockDevice) nbd.Device { return nbdDevice{l} }
 
-type nbdDevice struct{ l *LUN }
+// BlockDevice is the block API of a LUN, which an NBD export serves.
+type BlockDevice interface {
+	ReadAt(ctx context.Context, p []byte, off int64) error
+	WriteAt(ctx context.Context, p []byte, off int64, fua bool) error
+	ReadAtAsync(ctx context.Context, p []byte, off int64, done func(error))
+	WriteAtAsync(ctx context.Context, p []byte, off int64, fua bool, done func(error))
+	Flush(ctx context.Context) error
+	Discard(ctx context.Context, off, n int64) error
+	WriteZeroes(ctx context.Context, off, n int64, noUnmap bool) error
+	Provisioning(ctx context.Context, off, n int64) ([]Run, error)
+	Size() int64
+	BlockSize() int
+	ReadOnly() bool
+	CanDiscard() bool
+}
+
+var _ BlockDevice = (*LUN)(nil)
+
+type nbdDevice struct{ l BlockDevice }
 
 var (
 	_ nbd.Device        = nbdDevice{}

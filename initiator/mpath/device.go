@@ -31,8 +31,11 @@ import (
 	"github.com/srpd/srpd/initiator"
 )
 
-// ErrNoPath: no path was usable within NoPathTimeout.
+// ErrNoPath: no path was usable within NoPathTimeout (an NBD client gets EIO, as from
+// dm-multipath when no_path_retry runs out).
 var ErrNoPath = errors.New("mpath: no usable path")
+
+var _ initiator.BlockDevice = (*Device)(nil)
 
 // ErrOtherUnit: a path's LUN reports another logical unit designator than the device's.
 var ErrOtherUnit = errors.New("mpath: the path leads to another logical unit")
@@ -57,8 +60,8 @@ type Options struct {
 	CheckTimeout time.Duration
 }
 
-// Device is the logical unit through its paths. Its block API is the initiator LUN's; NBD
-// exports it through NBDDevice.
+// Device is the logical unit through its paths. Its block API is the initiator LUN's
+// (initiator.BlockDevice): initiator.NBDDevice exports it over NBD.
 type Device struct {
 	log   *zap.Logger
 	opts  Options

@@ -337,3 +337,31 @@ func TestNoPathTimeout(t *testing.T) {
 		t.Fatal("async read without a path never completed")
 	}
 }
+
+// The asynchronous path through the multipath device allocates nothing per I/O in steady
+// state (pooled requests, the completion bound once).
+func TestAsyncAllocs(t *testing.T) {
+	if testing.CoverMode() != "" || raceEnabled {
+		t.Skip("SKIP: allocation counts are not meaningful with -race or -cover")
+	}
+	f := newFixture(t)
+	d := f.device(mpath.Options{CheckInterval: time.Hour})
+	waitActive(t, d, "gw1")
+	buf := make([]byte, 4096)
+	ch := make(chan error, 1)
+	done := func(err error) { ch <- err }
+	ctx := context.Background()
+	for range 100 { // warm the pools
+		d.ReadAtAsync(ctx, buf, 0, done)
+		<-ch
+	}
+	n := testing.AllocsPerRun(500, func() {
+		d.ReadAtAsync(ctx, buf, 4096, done)
+		if err := <-ch; err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n > 0 {
+		t.Fatalf("%.1f allocations per asynchronous read", n)
+	}
+}

@@ -89,7 +89,7 @@ func (d *Daemon) startMultipath(m config.Multipath, nbdGroup string) (*mpathRT, 
 				return
 			}
 			desc := fmt.Sprintf("srpd multipath %s LUN %d", m.Name, e.LUN)
-			x, err := stack.ServeNBDDevice(mpath.NBDDevice(dev), desc, nil, e,
+			x, err := stack.ServeNBDDevice(initiator.NBDDevice(dev), desc, nil, e,
 				stack.NBDOptions{Logger: rt.log, Session: m.Name, ShutdownTimeout: d.opts.drainTimeout() / 2, Group: nbdGroup})
 			rt.mu.Lock()
 			defer rt.mu.Unlock()

@@ -1,0 +1,5 @@
+//go:build race
+
+package mpath_test
+
+const raceEnabled = true

@@ -402,3 +402,15 @@ func (l *LUN) appendPortDesignators(b []byte, n int, nx *Nexus) int {
 	binary.BigEndian.PutUint16(d[14:], a.groups[p.group].id)
 	return n + 16
 }
+
+// relativePort is the relative target port identifier of the port n came through (0 when the
+// LUN has no ALUA configuration or does not know the port).
+func (l *LUN) relativePort(n *Nexus) uint16 {
+	if l.alua == nil {
+		return 0
+	}
+	if p, ok := l.alua.portOf(n); ok {
+		return p.rel
+	}
+	return 0
+}

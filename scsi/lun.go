@@ -76,6 +76,9 @@ type LUNConfig struct {
 	MaxUnmapDescriptors uint32
 	MaxWriteSameLength  uint64
 	MaxCompareAndWrite  uint8
+	// PRStore keeps the persistent reservation state where every gateway exporting the unit
+	// reads and writes it (scsi/prstore.go); nil: in memory, this LUN's own.
+	PRStore PRStore
 }
 
 // LUN is an emulated SBC direct-access block device over a Backend. All methods are safe for
@@ -114,6 +117,7 @@ type LUN struct {
 	flusher flusher
 	ua      uaTable
 	pr      prState
+	prStore PRStore // nil: PR state in memory only
 	modeMu  sync.Mutex // serializes MODE SELECT
 	// set is the last LUNSet the LUN was added to, for REPORT LUNS sent to LUN.Execute.
 	set atomic.Pointer[LUNSet]
@@ -218,6 +222,16 @@ func NewLUN(cfg LUNConfig, be backend.Backend) (*LUN, error) {
 	l.locks.init()
 	l.flusher.init(be)
 	l.ua.init()
+	if cfg.PRStore != nil {
+		l.prStore = cfg.PRStore
+		// Read the stored state on the first command that a reservation could refuse.
+		l.pr.stale.Store(true)
+		l.pr.active.Store(true)
+		cfg.PRStore.Watch(func() {
+			l.pr.stale.Store(true)
+			l.pr.active.Store(true)
+		})
+	}
 	return l, nil
 }
 

@@ -1,6 +1,7 @@
 package scsi
 
 import (
+	"context"
 	"encoding/binary"
 	"sync"
 	"sync/atomic"
@@ -12,7 +13,8 @@ import (
 // preempted nexuses' tasks is left to the target's task management.
 type prState struct {
 	mu     sync.Mutex
-	active atomic.Bool // a reservation exists: commands must be checked
+	active atomic.Bool // a reservation exists (or may, stale): commands must be checked
+	stale  atomic.Bool // PRStore: another gateway changed the stored state
 	gen    uint32      // PRGENERATION
 	regs   []prReg     // in registration order
 	resv   bool
@@ -23,6 +25,7 @@ type prState struct {
 type prReg struct {
 	nexus Nexus
 	key   uint64
+	rtp   uint16 // the relative target port it came through (0: unknown, reported as 1)
 }
 
 func (p *prState) find(n *Nexus) int {
@@ -82,6 +85,11 @@ func (l *LUN) prAllows(n *Nexus, c *cmdInfo, cdb []byte) bool {
 	p := &l.pr
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if l.prStore != nil {
+		// Another gateway changed the state: read it (a store that cannot be read leaves the
+		// last state in force; the next command tries again).
+		_, _, _ = l.prSync(context.Background(), false)
+	}
 	if !p.resv || p.isHolder(n) {
 		return true
 	}
@@ -101,6 +109,9 @@ func (x *exec) persistentReserveIn() Status {
 	p := &x.l.pr
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if _, _, err := x.l.prSync(context.Background(), true); err != nil {
+		return x.check(senseInternalTargetFailure)
+	}
 	w := x.dataInWriter()
 	var h [8]byte
 	binary.BigEndian.PutUint32(h[0:], p.gen)
@@ -147,9 +158,9 @@ func (x *exec) persistentReserveIn() Status {
 				d[12] = 0x01 // R_HOLDER
 				d[13] = p.typ
 			}
-			// RELATIVE TARGET PORT IDENTIFIER: the LUN does not know the target's port
-			// numbering; srpd's targets have one port per LUN set, reported as 1.
-			binary.BigEndian.PutUint16(d[18:], 1)
+			// RELATIVE TARGET PORT IDENTIFIER: the port the registration came through (the
+			// ALUA configuration's; without one srpd's targets have one port, reported as 1).
+			binary.BigEndian.PutUint16(d[18:], max(r.rtp, 1))
 			binary.BigEndian.PutUint32(d[20:], 24)
 			d[24] = 0x04 // TransportID: FORMAT CODE 00b, PROTOCOL IDENTIFIER SRP (4)
 			copy(d[32:48], r.nexus.InitiatorPortID[:])
@@ -185,6 +196,15 @@ func (x *exec) persistentReserveOut() Status {
 	p := &l.pr
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if l.prStore != nil {
+		return x.prOutShared(context.Background(), func() Status { return x.prOutLocked(n, sa, key, saKey, typ) })
+	}
+	return x.prOutLocked(n, sa, key, saKey, typ)
+}
+
+// prOutLocked applies a PERSISTENT RESERVE OUT to the LUN's PR state (pr.mu held).
+func (x *exec) prOutLocked(n *Nexus, sa uint8, key, saKey uint64, typ uint8) Status {
+	l, p := x.l, &x.l.pr
 	idx := p.find(n)
 
 	switch sa {
@@ -194,7 +214,7 @@ func (x *exec) persistentReserveOut() Status {
 				return StatusReservationConflict
 			}
 			if saKey != 0 {
-				p.regs = append(p.regs, prReg{nexus: *n, key: saKey})
+				p.regs = append(p.regs, prReg{nexus: *n, key: saKey, rtp: l.relativePort(n)})
 				p.gen++
 			}
 			return x.good()

@@ -314,6 +314,9 @@ var (
 	senseNotReadyStopped   = Sense{Key: NotReady, ASC: 0x04, ASCQ: 0x02}
 	senseNotReady          = Sense{Key: NotReady, ASC: 0x04, ASCQ: 0x00}
 	senseFlushFailed       = Sense{Key: MediumError, ASC: 0x0C}
+	// INTERNAL TARGET FAILURE (44h/00h): the shared persistent reservation state could not be
+	// read or written.
+	senseInternalTargetFailure = Sense{Key: HardwareError, ASC: 0x44}
 	// LOGICAL UNIT NOT ACCESSIBLE, ASYMMETRIC ACCESS STATE TRANSITION / TARGET PORT IN
 	// STANDBY STATE / TARGET PORT IN UNAVAILABLE STATE
 	senseALUATransitioning = Sense{Key: NotReady, ASC: 0x04, ASCQ: 0x0A}

@@ -1,0 +1,171 @@
+package scsi
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Persistent reservations shared by several exporters (gateways) of one logical unit.
+//
+// SPC-4 keeps one set of registrations and one reservation per logical unit, whichever target
+// port a nexus comes through; gateways that export one image through several target ports
+// (ALUA) must therefore share them. A LUN given a PRStore (LUNConfig.PRStore) keeps its PR
+// state there: every PERSISTENT RESERVE OUT reads the stored state, applies the command to it
+// and writes it back with compare-and-swap on the store's version (retrying when another
+// gateway wrote in between); every command that a reservation could refuse, and PERSISTENT
+// RESERVE IN, first re-reads the state if the store said it changed (PRStore.Watch). The
+// store's writer tells the other gateways before its PR OUT completes (the RBD store notifies
+// and waits for their acknowledgements), so a RESERVE answered through one gateway is in force
+// at the others. Unit attentions a PR change owes to nexuses of another gateway are not
+// relayed.
+
+// PRStore keeps a LUN's persistent reservation state for every gateway of the unit.
+type PRStore interface {
+	// Load returns the stored state and its version; an empty state (nil) with version 0 when
+	// none was stored yet.
+	Load(ctx context.Context) (data []byte, version uint64, err error)
+	// CompareAndSwap stores data if the stored version is still version (0: nothing stored
+	// yet), telling the other gateways; ErrPRStoreConflict if it is not.
+	CompareAndSwap(ctx context.Context, version uint64, data []byte) error
+	// Watch calls changed (from a goroutine of the store's) whenever another gateway stored a
+	// new state.
+	Watch(changed func())
+}
+
+// ErrPRStoreConflict: the stored state changed since it was read.
+var ErrPRStoreConflict = errors.New("scsi: persistent reservation state changed meanwhile")
+
+// ErrPRData: a stored persistent reservation state that cannot be decoded.
+var ErrPRData = errors.New("scsi: malformed persistent reservation state")
+
+// prStoreTries bounds the read-apply-swap rounds of one PR OUT.
+const prStoreTries = 16
+
+// The stored form (big endian): version 1, PRGENERATION (4), a reservation flag (1), its type
+// (1), the holder's nexus (32: initiator then target port ID), the registration count (2), then
+// per registration the nexus (32), its relative target port (2) and its key (8).
+const (
+	prEncVersion = 1
+	prEncHeader  = 1 + 4 + 1 + 1 + 32 + 2
+	prEncReg     = 32 + 2 + 8
+	prMaxRegs    = 4096
+)
+
+func (p *prState) encode() []byte {
+	b := make([]byte, prEncHeader, prEncHeader+prEncReg*len(p.regs))
+	b[0] = prEncVersion
+	binary.BigEndian.PutUint32(b[1:], p.gen)
+	if p.resv {
+		b[5] = 1
+	}
+	b[6] = p.typ
+	copy(b[7:23], p.holder.InitiatorPortID[:])
+	copy(b[23:39], p.holder.TargetPortID[:])
+	binary.BigEndian.PutUint16(b[39:], uint16(len(p.regs)))
+	for _, r := range p.regs {
+		var e [prEncReg]byte
+		copy(e[0:16], r.nexus.InitiatorPortID[:])
+		copy(e[16:32], r.nexus.TargetPortID[:])
+		binary.BigEndian.PutUint16(e[32:], r.rtp)
+		binary.BigEndian.PutUint64(e[34:], r.key)
+		b = append(b, e[:]...)
+	}
+	return b
+}
+
+// decodePR reads a stored state into p (its registrations and reservation; mu held).
+func (p *prState) decode(b []byte) error {
+	if len(b) == 0 {
+		p.gen, p.regs = 0, p.regs[:0]
+		p.clearReservation()
+		return nil
+	}
+	if len(b) < prEncHeader || b[0] != prEncVersion || b[5] > 1 {
+		return fmt.Errorf("%w: %d bytes, version %d", ErrPRData, len(b), b[0])
+	}
+	n := int(binary.BigEndian.Uint16(b[39:]))
+	if n > prMaxRegs || len(b) != prEncHeader+n*prEncReg {
+		return fmt.Errorf("%w: %d registrations in %d bytes", ErrPRData, n, len(b))
+	}
+	if b[5] == 1 && !validPRType(b[6]) {
+		return fmt.Errorf("%w: reservation type %d", ErrPRData, b[6])
+	}
+	if b[5] == 0 && (b[6] != 0 || !allZero(b[7:39])) {
+		return fmt.Errorf("%w: a holder without a reservation", ErrPRData)
+	}
+	regs := p.regs[:0]
+	for i := range n {
+		e := b[prEncHeader+i*prEncReg:]
+		var r prReg
+		copy(r.nexus.InitiatorPortID[:], e[0:16])
+		copy(r.nexus.TargetPortID[:], e[16:32])
+		r.rtp = binary.BigEndian.Uint16(e[32:])
+		r.key = binary.BigEndian.Uint64(e[34:])
+		regs = append(regs, r)
+	}
+	p.regs = regs
+	p.gen = binary.BigEndian.Uint32(b[1:])
+	if b[5] == 1 {
+		var h Nexus
+		copy(h.InitiatorPortID[:], b[7:23])
+		copy(h.TargetPortID[:], b[23:39])
+		p.setReservation(&h, b[6])
+	} else {
+		p.clearReservation()
+	}
+	return nil
+}
+
+
+// prSync re-reads the stored state when the store said it changed (pr.mu held). It returns
+// the version read, or 0 when nothing was re-read.
+func (l *LUN) prSync(ctx context.Context, force bool) (uint64, []byte, error) {
+	p := &l.pr
+	if l.prStore == nil || (!force && !p.stale.Load()) {
+		return 0, nil, nil
+	}
+	p.stale.Store(false)
+	data, ver, err := l.prStore.Load(ctx)
+	if err == nil {
+		err = p.decode(data)
+	}
+	if err != nil {
+		p.stale.Store(true) // try again on the next command
+		return 0, nil, err
+	}
+	return ver, data, nil
+}
+
+// prOutShared runs a PR OUT (apply, with pr.mu held) against the shared store: read, apply,
+// compare-and-swap, again when another gateway wrote meanwhile.
+func (x *exec) prOutShared(ctx context.Context, apply func() Status) Status {
+	l := x.l
+	for range prStoreTries {
+		ver, old, err := l.prSync(ctx, true)
+		if err != nil {
+			return x.check(senseInternalTargetFailure)
+		}
+		st := apply()
+		if st != StatusGood {
+			return st
+		}
+		data := l.pr.encode()
+		if bytes.Equal(data, old) || (len(old) == 0 && len(l.pr.regs) == 0 && !l.pr.resv && l.pr.gen == 0) {
+			return st
+		}
+		err = l.prStore.CompareAndSwap(ctx, ver, data)
+		if err == nil {
+			return st
+		}
+		if !errors.Is(err, ErrPRStoreConflict) {
+			l.pr.stale.Store(true)
+			return x.check(senseInternalTargetFailure)
+		}
+	}
+	l.pr.stale.Store(true)
+	return StatusBusy
+}
+

@@ -117,7 +117,7 @@ type LUN struct {
 	flusher flusher
 	ua      uaTable
 	pr      prState
-	prStore PRStore // nil: PR state in memory only
+	prStore PRStore    // nil: PR state in memory only
 	modeMu  sync.Mutex // serializes MODE SELECT
 	// set is the last LUNSet the LUN was added to, for REPORT LUNS sent to LUN.Execute.
 	set atomic.Pointer[LUNSet]

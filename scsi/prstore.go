@@ -119,7 +119,6 @@ func (p *prState) decode(b []byte) error {
 	return nil
 }
 
-
 // prSync re-reads the stored state when the store said it changed (pr.mu held). It returns
 // the version read, or 0 when nothing was re-read.
 func (l *LUN) prSync(ctx context.Context, force bool) (uint64, []byte, error) {
@@ -168,4 +167,3 @@ func (x *exec) prOutShared(ctx context.Context, apply func() Status) Status {
 	l.pr.stale.Store(true)
 	return StatusBusy
 }
-

@@ -236,4 +236,4 @@ test-ceph:
 	trap './scripts/ceph-cluster.sh stop "$$dir"' EXIT; trap 'exit 130' INT TERM; \
 	cephenv=$$(./scripts/ceph-cluster.sh start "$$dir") || exit 1; eval "$$cephenv"; \
 	CGO_ENABLED=1 $(GO) test -tags rbd -race -count=1 -v -timeout $(CEPH_TIMEOUT) -run 'RBD' \
-		./scsi/backend/ ./internal/daemon/ ./cmd/srpd/
+		./scsi/backend/ ./internal/daemon/ ./internal/stack/ ./cmd/srpd/

@@ -70,6 +70,7 @@ func OpenLUN(t *config.Target, l config.LUN, o LUNOptions) (*LUN, error) {
 	}
 	lc.BlockSize, lc.ReadOnly = l.BlockSize, l.ReadOnly
 	lc.Allocation, _ = be.(backend.Allocation) // before Wrap hides it
+	lc.PRStore = sharedPRStore(be)
 	capacity, raw := be.Size(), be
 	if o.Wrap != nil {
 		be = o.Wrap(be)

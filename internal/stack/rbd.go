@@ -1,11 +1,13 @@
 package stack
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/ctlapi"
+	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/scsi/backend"
 )
 
@@ -25,9 +27,37 @@ func openRBD(l config.LUN, onResize func(int64)) (backend.Backend, error) {
 		Image:      l.RBD.Image,
 		ReadOnly:   l.ReadOnly,
 		OnResize:   onResize,
+		// The unit's persistent reservations live beside the image, for every gateway
+		// (scsi/prstore.go): PR through one gateway holds through the others.
+		SharedState: true,
 	})
 	if errors.Is(err, backend.ErrRBDUnavailable) {
 		return nil, fmt.Errorf("%w (%w)", err, ctlapi.ErrUnsupported)
 	}
 	return be, err
+}
+
+// prStore is a backend's SharedState as the scsi LUN's PRStore.
+type prStore struct{ s backend.SharedState }
+
+func (p prStore) Load(context.Context) ([]byte, uint64, error) { return p.s.Load() }
+
+func (p prStore) CompareAndSwap(_ context.Context, ver uint64, data []byte) error {
+	err := p.s.CompareAndSwap(ver, data)
+	if errors.Is(err, backend.ErrStateChanged) {
+		return fmt.Errorf("%w: %w", scsi.ErrPRStoreConflict, err)
+	}
+	return err
+}
+
+func (p prStore) Watch(f func()) { p.s.Watch(f) }
+
+// sharedPRStore is the PRStore of a backend that keeps a shared state (an RBD image), or nil.
+func sharedPRStore(be backend.Backend) scsi.PRStore {
+	if ss, ok := be.(interface{ SharedState() backend.SharedState }); ok {
+		if s := ss.SharedState(); s != nil {
+			return prStore{s}
+		}
+	}
+	return nil
 }

@@ -36,6 +36,9 @@ type RBDOptions struct {
 	// Pool, Namespace (optional) and Image name the RBD image. The image must exist; its size
 	// is the LUN's capacity.
 	Pool, Namespace, Image string
+	// SharedState opens the image's shared state object (SharedState; the persistent
+	// reservations of the unit, for every gateway that exports the image): RBD.SharedState.
+	SharedState bool
 	// ReadOnly opens the image read-only: every mutating call fails with ErrReadOnly.
 	ReadOnly bool
 	// ConnectTimeout bounds reaching the monitors; zero: DefaultRBDConnectTimeout.
@@ -58,3 +61,20 @@ func (o RBDOptions) Name() string {
 	}
 	return o.Pool + "/" + o.Image
 }
+
+// SharedState is a small object that every exporter (gateway) of one RBD image reads and
+// writes: the persistent reservation state of the unit the image is (scsi.PRStore is built on
+// it). Writes are compare-and-swap on the object's version; Watch tells of others' writes.
+type SharedState interface {
+	// Load returns the state (nil when none was written yet) and its version.
+	Load() ([]byte, uint64, error)
+	// CompareAndSwap writes data if the object's version is still version, then tells the
+	// other exporters and waits (bounded) for them to acknowledge; ErrStateChanged if another
+	// exporter wrote meanwhile.
+	CompareAndSwap(version uint64, data []byte) error
+	// Watch calls changed whenever the object is written.
+	Watch(changed func())
+}
+
+// ErrStateChanged: the shared state was written by another exporter since it was read.
+var ErrStateChanged = errors.New("backend: shared state changed meanwhile")

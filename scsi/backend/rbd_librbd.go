@@ -189,6 +189,7 @@ type RBD struct {
 	cx       *C.struct_srpd_rbd_ctx // C memory: the pipe's write end and the slots
 	watch    C.uint64_t
 	watching bool
+	state    *rbdState // RBDOptions.SharedState
 
 	slots   []rbdSlot
 	free    chan *rbdSlot // the slots not in use: a caller waits here when all are
@@ -277,6 +278,11 @@ func openRBD(opts RBDOptions) (_ *RBD, err error) {
 		return fail("pool "+opts.Pool, cephErrno(err))
 	}
 	r.ioctx.SetNamespace(opts.Namespace)
+	if opts.SharedState && !opts.ReadOnly {
+		if r.state, err = openState(r.conn, opts.Pool, opts.Namespace, opts.Image); err != nil {
+			return fail("shared state", err)
+		}
+	}
 
 	cname := C.CString(opts.Image)
 	defer C.free(unsafe.Pointer(cname))
@@ -337,6 +343,10 @@ func openRBD(opts RBDOptions) (_ *RBD, err error) {
 // release frees what openRBD got so far (on its failure, and at the end of Close); the
 // goroutines, if started, have exited.
 func (r *RBD) release() {
+	if r.state != nil {
+		r.state.close()
+		r.state = nil
+	}
 	if r.watching {
 		C.rbd_update_unwatch(r.img, r.watch)
 		r.watching = false
@@ -576,4 +586,12 @@ func (r *RBD) Close() error {
 	r.wg.Wait()
 	r.release()
 	return nil
+}
+
+// SharedState returns the image's shared state (RBDOptions.SharedState), or nil.
+func (r *RBD) SharedState() SharedState {
+	if r.state == nil {
+		return nil
+	}
+	return r.state
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -263,9 +264,17 @@ reloads, and srpd logs a warning for each run-time change discarded.
 					return err
 				}
 				if a.structured() {
-					return a.printData(res)
+					if err := a.printData(res); err != nil {
+						return err
+					}
+				} else {
+					a.printReload(res, "configuration reloaded: no changes", "configuration reloaded:")
 				}
-				a.printReload(res, "configuration reloaded: no changes", "configuration reloaded:")
+				if len(res.Failed) > 0 {
+					// The new configuration runs, but not all of it: a reload that systemctl
+					// must not report as a success.
+					return fmt.Errorf("reloaded, but %d object(s) did not start: %s", len(res.Failed), strings.Join(res.Failed, "; "))
+				}
 				return nil
 			})
 		},

@@ -256,6 +256,10 @@ type ReloadResult struct {
 	// Plans say, for each changed target, whether it was restarted (and why) or changed live
 	// (config.PlanTargets).
 	Plans []config.TargetPlan `json:"plans,omitempty"`
+	// Failed has one line per object of the new configuration that did not start (it runs
+	// the new configuration otherwise, and srpctl status shows the failures): srpctl reload
+	// then exits 1, so that systemctl reload reports it.
+	Failed []string `json:"failed,omitempty"`
 }
 
 // List bodies: lists are wrapped in an object so that fields can be added later.

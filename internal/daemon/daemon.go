@@ -597,6 +597,7 @@ func (d *Daemon) reload(ctx context.Context, opts ctlapi.ReloadOptions) (*ctlapi
 		d.reloadFailures.Add(1)
 		d.log.Error("reload applied with failures", zap.Error(aerr))
 		_ = n.Ready("reloaded with failures; " + d.StatusLine())
+		res.Failed = strings.Split(aerr.Error(), "\n")
 		return res, nil
 	}
 	d.log.Info("reloaded", zap.Int("changes", len(res.Changes)))

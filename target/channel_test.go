@@ -207,6 +207,9 @@ func TestLUNReset(t *testing.T) {
 	a.issue(other, 1, rng)
 	a.complete(other)
 	e.gates[0].waitInside(t, 2)
+	// Channel b's commands are sent on their own QP: the reset aborts them only once the
+	// target has them (a test race, not a target bug, made this flaky under load).
+	e.waitActive(0, len(axs)+len(bxs))
 	tag := a.tm(srp.TMLUNReset, 0, srp.Tag{})
 	a.expectQuiet(100 * time.Millisecond)
 	e.gates[0].release()

@@ -115,6 +115,30 @@ func (g *gateBackend) waitInside(t testing.TB, n int) {
 	}
 }
 
+// waitActive waits until LUN i's task set holds n commands (admitted, not yet finished):
+// commands sent on one channel are not known to be there when another channel's task
+// management arrives, and SAM aborts only the commands the task set has.
+func (e *env) waitActive(i, n int) {
+	e.t.Helper()
+	q := e.tgt.queueFor(e.luns[i])
+	deadline := time.Now().Add(waitLong)
+	for {
+		q.mu.Lock()
+		k := 0
+		for c := q.active.head; c != nil; c = c.aLink.next {
+			k++
+		}
+		q.mu.Unlock()
+		if k >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("LUN %d: %d commands in the task set, want %d", i, k, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 type envOpts struct {
 	faults  link.Faults
 	limits  Limits

@@ -29,12 +29,25 @@ func (l *LUN) ioError(err error, write bool, lba uint64) Sense {
 		return senseWriteProtected
 	case errors.Is(err, backend.ErrClosed):
 		return senseNotReady
+	case errors.Is(err, backend.ErrFenced):
+		// Another gateway took the unit over: this port is in transition (SPC-4 5.15.2.6),
+		// and the initiator retries, on another path if it has one.
+		return senseALUATransitioning
 	case errors.Is(err, backend.ErrOutOfRange):
 		return senseLBAOutOfRange
 	case write:
 		return writeError(lba)
 	}
 	return readError(lba)
+}
+
+// flushSense is the sense of a failed flush: MEDIUM ERROR, or the transition of a fenced
+// backend (see ioError).
+func flushSense(err error) Sense {
+	if errors.Is(err, backend.ErrFenced) {
+		return senseALUATransitioning
+	}
+	return senseFlushFailed
 }
 
 // readAt fills p from byte offset off, mapping a failure to sense data.
@@ -51,7 +64,7 @@ func (x *exec) read() Status {
 	if i.FUA && l.wce.Load() {
 		// FUA on a read: the data must come from the medium, so write back the cache first.
 		if err := l.flusher.flush(); err != nil {
-			return x.check(senseFlushFailed)
+			return x.check(flushSense(err))
 		}
 	}
 	buf := x.din()
@@ -83,7 +96,7 @@ func (x *exec) write() Status {
 func (x *exec) commit(fua bool) Status {
 	if fua || !x.l.wce.Load() {
 		if err := x.l.flusher.flush(); err != nil {
-			return x.check(senseFlushFailed)
+			return x.check(flushSense(err))
 		}
 	}
 	return x.good()
@@ -91,7 +104,7 @@ func (x *exec) commit(fua bool) Status {
 
 func (x *exec) synchronizeCache() Status {
 	if err := x.l.flusher.flush(); err != nil {
-		return x.check(senseFlushFailed)
+		return x.check(flushSense(err))
 	}
 	return x.good()
 }

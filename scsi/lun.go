@@ -64,6 +64,9 @@ type LUNConfig struct {
 	// backend.Allocation — e.g. because it is wrapped. Nil: the backend's, if it has it;
 	// otherwise every block reports mapped.
 	Allocation backend.Allocation
+	// Fence, if set, is the backend as a backend.Fenceable when it is one but wrapped (nil: the
+	// backend's own, if it is one): the LUN keeps the promise Fenceable asks for (fence.go).
+	Fence backend.Fenceable
 	// DisableWriteCache starts the LUN with WCE=0 (every write flushed before status). The
 	// initiator may change WCE with MODE SELECT either way.
 	DisableWriteCache bool
@@ -219,6 +222,13 @@ func NewLUN(cfg LUNConfig, be backend.Backend) (*LUN, error) {
 	l.defaultWCE = !cfg.DisableWriteCache
 	l.wce.Store(l.defaultWCE)
 	l.tasks.init()
+	fb := cfg.Fence
+	if fb == nil {
+		fb, _ = be.(backend.Fenceable)
+	}
+	if fb != nil {
+		l.tasks.fence = &fenceGate{be: fb}
+	}
 	l.locks.init()
 	l.flusher.init(be)
 	l.ua.init()
@@ -628,7 +638,7 @@ func (x *exec) startStopUnit() Status {
 	}
 	if b4&0x04 == 0 {
 		if err := x.l.flusher.flush(); err != nil {
-			return x.check(senseFlushFailed)
+			return x.check(flushSense(err))
 		}
 	}
 	x.l.stopped.Store(true)

@@ -222,7 +222,7 @@ func (x *exec) modeSelect() Status {
 		if !wce {
 			if err := l.flusher.flush(); err != nil {
 				l.ua.establishAll(uaModeChanged, &x.cmd.Nexus)
-				return x.check(senseFlushFailed)
+				return x.check(flushSense(err))
 			}
 		}
 	}

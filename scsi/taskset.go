@@ -48,6 +48,9 @@ type taskSet struct {
 	mu   sync.Mutex
 	head *epoch                // oldest epoch still in the set; guarded by mu
 	tail atomic.Pointer[epoch] // newest epoch; changed under mu
+	// fence, for a backend.Fenceable backend, counts the commands per fence epoch (set once,
+	// before the first admission).
+	fence *fenceGate
 }
 
 type epoch struct {
@@ -76,11 +79,16 @@ type taskState struct {
 	head     bool // the ORDERED head of ep
 	badAttr  bool // ACA or a reserved attribute: not in the task set
 	admitted bool
+	fenced   bool   // counted by the task set's fenceGate
+	fence    uint64 // the fence epoch it was admitted under
 }
 
 // admit enters a command into the task set. It never blocks.
 func (t *taskSet) admit(ts *taskState, attr TaskAttr) {
 	ts.admitted = true
+	if t.fence != nil {
+		ts.fenced, ts.fence = true, t.fence.enter()
+	}
 	switch attr {
 	case TaskSimple, TaskHeadOfQueue:
 		for {
@@ -135,6 +143,9 @@ func (t *taskSet) wait(ctx context.Context, ts *taskState, attr TaskAttr) bool {
 
 // done takes a command out of the task set (completed, aborted or withdrawn).
 func (t *taskSet) done(ts *taskState) {
+	if ts.fenced {
+		t.fence.leave(ts.fence)
+	}
 	e := ts.ep
 	if e != nil {
 		if ts.head {

@@ -227,7 +227,19 @@ type RBD struct {
 	Pool      string `yaml:"pool" json:"pool"`
 	Namespace string `yaml:"namespace,omitempty" json:"namespace,omitempty"`
 	Image     string `yaml:"image" json:"image"`
+	// ExclusiveLock is how srpd holds the image's exclusive lock: "managed" (default) takes it
+	// on the first read or write, breaking (and so blocklisting) the current owner, and never
+	// hands it over, so that when several gateways export the image a gateway that was taken
+	// over is fenced and no write of it lands afterwards; "auto" leaves it to librbd, which
+	// hands it over cooperatively to whichever client writes (no fencing of a live gateway).
+	ExclusiveLock string `yaml:"exclusive_lock,omitempty" json:"exclusive_lock,omitempty"`
 }
+
+// RBD exclusive lock modes (RBD.ExclusiveLock).
+const (
+	RBDLockManaged = "managed"
+	RBDLockAuto    = "auto"
+)
 
 // Spec is the image spec pool[/namespace]/image.
 func (r *RBD) Spec() string {

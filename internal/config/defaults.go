@@ -87,6 +87,7 @@ func (l *LUN) SetDefaults() {
 	if l.RBD != nil {
 		l.RBD.ClusterConfig = cmp.Or(l.RBD.ClusterConfig, DefaultRBDClusterConfig)
 		l.RBD.Client = cmp.Or(l.RBD.Client, DefaultRBDClient)
+		l.RBD.ExclusiveLock = cmp.Or(l.RBD.ExclusiveLock, RBDLockManaged)
 	}
 }
 

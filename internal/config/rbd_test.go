@@ -30,7 +30,8 @@ func TestRBDLUN(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := c.Targets[0].LUNs[1].RBD
-	want := RBD{ClusterConfig: DefaultRBDClusterConfig, Client: DefaultRBDClient, Pool: "rbd", Image: "vm-disk-1"}
+	want := RBD{ClusterConfig: DefaultRBDClusterConfig, Client: DefaultRBDClient, Pool: "rbd", Image: "vm-disk-1",
+		ExclusiveLock: RBDLockManaged}
 	if got == nil || *got != want {
 		t.Fatalf("RBD = %+v, want %+v", got, want)
 	}

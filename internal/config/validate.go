@@ -680,6 +680,11 @@ func (v *validator) rbd(p string, r *RBD) {
 	name("pool", r.Pool, true)
 	name("namespace", r.Namespace, false)
 	name("image", r.Image, true)
+	switch r.ExclusiveLock {
+	case RBDLockManaged, RBDLockAuto:
+	default:
+		v.errorf(join(p, "exclusive_lock"), ErrInvalid, "%q must be %s or %s", r.ExclusiveLock, RBDLockManaged, RBDLockAuto)
+	}
 }
 
 // acl checks one ACL; luns (LUN id → index), when not nil, are the LUNs it may name.

@@ -111,7 +111,7 @@ func (d *Daemon) applyLive(ctx context.Context, oc, nc *config.Target, p config.
 		if luns[l.ID] != nil {
 			continue
 		}
-		lr, err := openLUN(nc, l, guard)
+		lr, err := openLUN(nc, l, guard, d.log.With(zap.String("target", nc.Name)))
 		d.mu.Lock()
 		if err != nil {
 			if rt.lunErrs == nil {

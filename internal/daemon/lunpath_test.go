@@ -135,7 +135,7 @@ func TestOpenLUNPaths(t *testing.T) {
 			d := New(Options{ConfigPath: f.config, RunDirs: []string{filepath.Join(f.dir, "run")}})
 			c := &config.Config{AllowedPaths: tt.allowed, Control: config.Control{Socket: f.ctl}}
 			tgt := &config.Target{Name: "t"}
-			lr, err := openLUN(tgt, tt.l, d.newLUNGuard(c))
+			lr, err := openLUN(tgt, tt.l, d.newLUNGuard(c), nil)
 			f.configUnchanged(t)
 			if tt.want == nil {
 				if err != nil {

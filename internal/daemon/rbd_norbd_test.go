@@ -20,7 +20,7 @@ func TestOpenLUNRBDNotBuilt(t *testing.T) {
 	}
 	l := config.LUN{ID: 4, Backend: config.BackendRBD, BlockSize: 512,
 		RBD: &config.RBD{ClusterConfig: "/etc/ceph/ceph.conf", Client: "client.admin", Pool: "rbd", Image: "disk"}}
-	lr, err := openLUN(&config.Target{Name: "t"}, l, nil)
+	lr, err := openLUN(&config.Target{Name: "t"}, l, nil, nil)
 	if err == nil {
 		lr.close(nil)
 		t.Fatal("openLUN succeeded without the rbd backend")

@@ -80,8 +80,8 @@ func (b *timedBackend) Flush() error {
 // resized or used (see lunGuard); symlinks are refused in every component unless
 // l.FollowSymlinks. A refused path is a *LUNPathError; the backend's other refusals are
 // classified for the control API (classifyOpenError).
-func openLUN(t *config.Target, l config.LUN, g *lunGuard) (*lunRT, error) {
-	var o stack.LUNOptions
+func openLUN(t *config.Target, l config.LUN, g *lunGuard, log *zap.Logger) (*lunRT, error) {
+	o := stack.LUNOptions{Log: log}
 	if g != nil && l.Backend != config.BackendRAM {
 		if err := g.check(t, &l); err != nil {
 			return nil, err
@@ -148,7 +148,7 @@ func (d *Daemon) startTarget(cfg config.Target, tr *stack.Transport, keep map[in
 			luns[l.ID], sl[l.ID] = k, k.LUN
 			continue
 		}
-		lr, err := openLUN(&cfg, l, guard)
+		lr, err := openLUN(&cfg, l, guard, log)
 		if err != nil {
 			return nil, err
 		}

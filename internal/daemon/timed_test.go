@@ -21,7 +21,7 @@ func TestTimedWrappersKeepOptionalInterfaces(t *testing.T) {
 		{config.LUN{ID: 1, Backend: config.BackendFile, Path: t.TempDir() + "/f.img", Create: true, Size: 1 << 20}, false},
 	} {
 		tt.lun.SetDefaults()
-		l, err := openLUN(tc, tt.lun, nil)
+		l, err := openLUN(tc, tt.lun, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync/atomic"
 
+	"go.uber.org/zap"
+
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/ctlapi"
 	"github.com/srpd/srpd/scsi"
@@ -29,6 +31,8 @@ type LUNOptions struct {
 	Admit func(backend.Identity) error
 	// Wrap, if set, wraps the backend the logical unit uses (the daemon times the I/O).
 	Wrap func(backend.Backend) backend.Backend
+	// Log receives the backend's events (an RBD image's exclusive lock); nil: none.
+	Log *zap.Logger
 }
 
 // DefaultSerial is the unit serial number of a LUN without one: the target port ID and the
@@ -56,7 +60,11 @@ func OpenLUN(t *config.Target, l config.LUN, o LUNOptions) (*LUN, error) {
 		be, err = backend.OpenBlockDev(l.Path, backend.BlockDevOptions{ReadOnly: l.ReadOnly, Direct: l.Direct,
 			NoSymlinks: !l.FollowSymlinks, Admit: o.Admit})
 	case config.BackendRBD:
-		be, err = openRBD(l, func(int64) { rbdResized(&lunRef) })
+		log := o.Log
+		if log == nil {
+			log = zap.NewNop()
+		}
+		be, err = openRBD(l, func(int64) { rbdResized(&lunRef) }, log)
 	default:
 		err = fmt.Errorf("unknown backend %q: %w", l.Backend, ctlapi.ErrInvalidArgument)
 	}
@@ -70,6 +78,7 @@ func OpenLUN(t *config.Target, l config.LUN, o LUNOptions) (*LUN, error) {
 	}
 	lc.BlockSize, lc.ReadOnly = l.BlockSize, l.ReadOnly
 	lc.Allocation, _ = be.(backend.Allocation) // before Wrap hides it
+	lc.Fence, _ = be.(backend.Fenceable)
 	lc.PRStore = sharedPRStore(be)
 	capacity, raw := be.Size(), be
 	if o.Wrap != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"go.uber.org/zap"
+
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/ctlapi"
 	"github.com/srpd/srpd/scsi"
@@ -14,7 +16,7 @@ import (
 // openRBD opens the Ceph RBD image of an rbd LUN. In a build without the rbd backend (no
 // -tags rbd, or no cgo) it fails with backend.ErrRBDUnavailable and ctlapi.ErrUnsupported;
 // config validation refuses such a LUN before it gets here (config.RBDSupported).
-func openRBD(l config.LUN, onResize func(int64)) (backend.Backend, error) {
+func openRBD(l config.LUN, onResize func(int64), log *zap.Logger) (backend.Backend, error) {
 	if l.RBD == nil {
 		return nil, fmt.Errorf("backend rbd: no rbd settings (pool, image): %w", ctlapi.ErrInvalidArgument)
 	}
@@ -30,11 +32,39 @@ func openRBD(l config.LUN, onResize func(int64)) (backend.Backend, error) {
 		// The unit's persistent reservations live beside the image, for every gateway
 		// (scsi/prstore.go): PR through one gateway holds through the others.
 		SharedState: true,
+		ManagedLock: l.RBD.ExclusiveLock != config.RBDLockAuto,
+		OnLock:      lockLogger(log.With(zap.String("image", l.RBD.Spec()), zap.Int("lun", l.ID))),
 	})
 	if errors.Is(err, backend.ErrRBDUnavailable) {
 		return nil, fmt.Errorf("%w (%w)", err, ctlapi.ErrUnsupported)
 	}
 	return be, err
+}
+
+// lockLogger logs the events of an image's managed exclusive lock: operators want to see a
+// takeover (which blocklists the other gateway) and a fence.
+func lockLogger(log *zap.Logger) func(backend.LockEvent) {
+	return func(ev backend.LockEvent) {
+		switch ev.Kind {
+		case backend.LockAcquired:
+			if ev.Broken > 0 {
+				log.Warn("took the image's exclusive lock over: the previous owner was blocklisted",
+					zap.Int("owners_broken", ev.Broken), zap.Uint64("fence_epoch", ev.Epoch))
+			} else {
+				log.Info("took the image's exclusive lock", zap.Uint64("fence_epoch", ev.Epoch))
+			}
+		case backend.LockFenced:
+			log.Warn("another gateway took the image's exclusive lock: fenced; I/O here fails with "+
+				"ASYMMETRIC ACCESS STATE TRANSITION until the commands from before the takeover are done",
+				zap.Uint64("fence_epoch", ev.Epoch))
+		case backend.LockResumed:
+			if ev.Err != nil {
+				log.Warn("reconnecting to the cluster after the fence failed; retrying", zap.Error(ev.Err))
+			} else {
+				log.Info("reconnected to the cluster after the fence", zap.Uint64("fence_epoch", ev.Epoch))
+			}
+		}
+	}
 }
 
 // prStore is a backend's SharedState as the scsi LUN's PRStore.

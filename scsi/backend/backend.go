@@ -24,7 +24,29 @@ var (
 	ErrNotSupported = errors.New("backend: operation not supported")
 	// ErrClosed: the backend was closed.
 	ErrClosed = errors.New("backend: closed")
+	// ErrFenced: another exporter of the same storage took it over (it broke this one's
+	// exclusive lock and had the cluster blocklist it): the call was refused or failed and
+	// nothing of it landed after the takeover. See Fenceable.
+	ErrFenced = errors.New("backend: fenced by another exporter")
 )
+
+// Fenceable is a backend that several exporters (gateways) of one storage object share under
+// an exclusive lock (RBD with a managed lock): the one that takes the lock over fences the
+// others, whose calls then fail with ErrFenced. A fenced backend must not simply reconnect and
+// go on, because a command an initiator gave up on before the takeover could then land after
+// it; so it stays fenced until its user knows that no command admitted before the fence is
+// left, and says so with Resume. The SCSI layer does that from its task set: each command
+// notes FenceEpoch when it is admitted, and once every command admitted under an older epoch
+// has left, it calls Resume.
+type Fenceable interface {
+	// FenceEpoch counts the fences the backend has learnt of. It grows when a call finds that
+	// the backend was fenced.
+	FenceEpoch() uint64
+	// Resume tells the backend that nothing admitted before fence epoch epoch is left: it may
+	// reconnect (in the background; calls meanwhile wait for it, bounded) and take the lock
+	// again on the next call that needs it. It does not block, and a stale epoch is ignored.
+	Resume(epoch uint64)
+}
 
 // Info describes what a backend is and can do. It does not change after open.
 type Info struct {

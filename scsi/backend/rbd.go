@@ -52,7 +52,44 @@ type RBDOptions struct {
 	// CAPACITY DATA HAS CHANGED unit attention), so they see it on their next READ CAPACITY
 	// only if the LUN is re-created.
 	OnResize func(size int64)
+	// ManagedLock takes the image's exclusive lock in managed mode, for gateways that export
+	// one image together (one logical unit through several target ports): the first call that
+	// reads or writes the image takes the lock, breaking the current owner's, which makes the
+	// cluster blocklist that owner (librbd's rbd_blocklist_on_break_lock, on by default) so
+	// that no write of it lands afterwards; the lock is never handed over cooperatively. A
+	// gateway whose lock was broken is fenced: its calls fail with ErrFenced until its user
+	// calls Resume (see Fenceable), which opens the image again through a new connection.
+	// Without it librbd's automatic lock applies: the lock moves to whichever client writes,
+	// handed over cooperatively, and a live gateway that hands it over is not blocklisted.
+	ManagedLock bool
+	// OnLock, when not nil, is told of the managed lock's events (from the goroutine of the
+	// call or reconnect that caused them), e.g. for logging.
+	OnLock func(LockEvent)
 }
+
+// LockEvent is an event of an RBD image's managed exclusive lock (RBDOptions.OnLock).
+type LockEvent struct {
+	Kind LockEventKind
+	// Broken is the number of other owners whose lock was broken (and who were blocklisted)
+	// to take it (LockAcquired).
+	Broken int
+	// Epoch is the fence epoch (Fenceable.FenceEpoch) the event belongs to.
+	Epoch uint64
+	// Err is the reconnect's failure (LockResumed; it is retried every second).
+	Err error
+}
+
+// LockEventKind says what happened to the managed lock.
+type LockEventKind uint8
+
+const (
+	// LockAcquired: this client took the lock.
+	LockAcquired LockEventKind = iota + 1
+	// LockFenced: another client broke this one's lock; calls fail with ErrFenced.
+	LockFenced
+	// LockResumed: the reconnect after a fence finished (Err nil) or failed.
+	LockResumed
+)
 
 // Name is the image spec pool[/namespace]/image, as the rbd tool writes it.
 func (o RBDOptions) Name() string {

@@ -73,7 +73,7 @@ func (r *RBD) Allocated(off, n int64) (bool, int64, error) {
 	if n <= 0 {
 		return false, 0, fmt.Errorf("backend rbd %s: allocation [%d, +%d): %w", r.name, off, n, ErrOutOfRange)
 	}
-	if err := r.begin("allocation", off, n, false); err != nil {
+	if err := r.beginAccess("allocation", off, n, false, false); err != nil {
 		return false, 0, err
 	}
 	defer r.inflight.RUnlock()
@@ -94,7 +94,7 @@ func (r *RBD) Allocated(off, n int64) (bool, int64, error) {
 // is shared with every other image: unknown.
 func (r *RBD) Usage() (int64, int64, error) {
 	size := r.size.Load()
-	if err := r.begin("usage", 0, size, false); err != nil {
+	if err := r.beginAccess("usage", 0, size, false, false); err != nil {
 		return 0, 0, err
 	}
 	defer r.inflight.RUnlock()

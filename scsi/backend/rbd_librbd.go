@@ -92,6 +92,43 @@ static int srpd_rbd_watch(rbd_image_t img, struct srpd_rbd_ctx *x, uint64_t *han
 	return rbd_update_watch(img, handle, srpd_rbd_updated, x);
 }
 
+// srpd_rbd_take_lock makes this client the owner of the image's exclusive lock in managed
+// mode, as tcmu-runner's rbd handler does (tcmu_rbd_lock, tcmu_rbd_lock_break): when another
+// client owns it, its lock is broken first, which makes librbd blocklist that client
+// (rbd_blocklist_on_break_lock, on by default) so that none of its writes can land afterwards;
+// then rbd_lock_acquire, which also turns off librbd's cooperative hand-over for this image
+// (the lock is no longer released when another client asks for it). *broke counts the owners
+// broken. 0, or a negative errno.
+static int srpd_rbd_take_lock(rbd_image_t img, int *broke) {
+	int owner = 0;
+	int r = rbd_is_exclusive_lock_owner(img, &owner);
+	if (r < 0)
+		return r;
+	if (owner)
+		return 0;
+	rbd_lock_mode_t mode;
+	char *owners[8];
+	size_t n = 8;
+	r = rbd_lock_get_owners(img, &mode, owners, &n);
+	if (r == -ENOENT)
+		n = 0; // nobody owns it
+	else if (r < 0)
+		return r;
+	int err = 0;
+	for (size_t i = 0; i < n; i++) {
+		int b = rbd_lock_break(img, RBD_LOCK_MODE_EXCLUSIVE, owners[i]);
+		if (b == 0)
+			(*broke)++;
+		else if (b != -ENOENT && err == 0)
+			err = b;
+	}
+	if (n > 0)
+		rbd_lock_get_owners_cleanup(owners, n);
+	if (err < 0)
+		return err;
+	return rbd_lock_acquire(img, RBD_LOCK_MODE_EXCLUSIVE);
+}
+
 // srpd_rbd_submit starts one request on slot s: 0 when submitted (srpd_rbd_complete then
 // runs exactly once), or a negative errno (nothing was started).
 static int srpd_rbd_submit(rbd_image_t img, struct srpd_rbd_slot *s, int op, uint64_t off,
@@ -135,6 +172,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/ceph/go-ceph/rados"
@@ -176,12 +214,26 @@ var _ [unsafe.Sizeof(C.struct_srpd_rbd_rec{}) - rbdRecSize]struct{}
 // (rbd_update_watch): a resize by `rbd resize` elsewhere shows in Size and RBDOptions.OnResize.
 type RBD struct {
 	name     string
+	opts     RBDOptions // what a reconnect after a fence opens again
 	info     Info
 	size     atomic.Int64
 	closed   atomic.Bool
 	onResize func(int64)
-	// inflight is held shared by every call while it uses the image, exclusively by Close.
+	// inflight is held shared by every call while it uses the image, exclusively by Close and
+	// by a reconnect after a fence.
 	inflight sync.RWMutex
+
+	// The managed exclusive lock (RBDOptions.ManagedLock); see RBD.
+	managed bool
+	lockMu  sync.Mutex  // serializes taking the lock
+	owner   atomic.Bool // this client owns the lock (as last seen)
+	fenced  atomic.Bool // a call learnt that another client broke the lock; until reconnected
+	epoch   atomic.Uint64
+	fmu     sync.Mutex    // guards the fields below
+	asked   uint64        // the newest epoch Resume was called for
+	back    chan struct{} // closed when the reconnect after the current fence is done
+	stop    chan struct{} // closed by Close: a reconnect loop gives up
+	rwg     sync.WaitGroup
 
 	conn     *rados.Conn
 	ioctx    *rados.IOContext
@@ -229,6 +281,70 @@ func openRBD(opts RBDOptions) (_ *RBD, err error) {
 	if opts.Pool == "" || opts.Image == "" {
 		return fail("open", errors.New("a pool and an image name are required"))
 	}
+	depth := opts.QueueDepth
+	if depth <= 0 {
+		depth = DefaultRBDQueueDepth
+	}
+
+	r := &RBD{name: name, opts: opts, onResize: opts.OnResize, wfd: -1,
+		managed: opts.ManagedLock && !opts.ReadOnly, stop: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			r.release()
+		}
+	}()
+	var p [2]int
+	if err = unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return fail("pipe2", err)
+	}
+	r.wfd = p[1]
+	if err = unix.SetNonblock(p[0], true); err != nil {
+		unix.Close(p[0])
+		return fail("pipe2", err)
+	}
+	r.rd = os.NewFile(uintptr(p[0]), "rbd-completions")
+	if r.cx = C.srpd_rbd_ctx_new(C.int(r.wfd), C.uint32_t(depth)); r.cx == nil {
+		return fail("open", syscall.ENOMEM)
+	}
+	if err = r.connect(); err != nil {
+		return nil, err
+	}
+	size, err := r.readSize()
+	if err != nil {
+		return fail("rbd_get_size", err)
+	}
+	if size <= 0 {
+		return fail("open", fmt.Errorf("image size %d: %w", size, ErrInvalidSize))
+	}
+	r.size.Store(size)
+	r.info = Info{Kind: "rbd", Path: name, ReadOnly: opts.ReadOnly, CanDiscard: true, DiscardZeroes: true}
+
+	r.slots = make([]rbdSlot, depth)
+	r.free = make(chan *rbdSlot, depth)
+	for i := range r.slots {
+		s := &r.slots[i]
+		s.c = C.srpd_rbd_slot_at(r.cx, C.uint32_t(i))
+		s.done = make(chan int64, 1)
+		r.free <- s
+	}
+	if ret := C.srpd_rbd_watch(r.img, r.cx, &r.watch); ret < 0 {
+		return fail("rbd_update_watch", syscall.Errno(-ret))
+	}
+	r.watching = true
+	r.resized = make(chan struct{}, 1)
+	r.wg.Add(2)
+	go r.poll()
+	go r.watchSize()
+	return r, nil
+}
+
+// connect opens the cluster connection, the pool, the shared state (which, after a fence,
+// moves to the new connection) and the image.
+func (r *RBD) connect() (err error) {
+	opts := r.opts
+	fail := func(what string, err error) error {
+		return fmt.Errorf("backend rbd %s: %s: %w", r.name, what, err)
+	}
 	client := opts.Client
 	switch {
 	case client == "":
@@ -240,17 +356,6 @@ func openRBD(opts RBDOptions) (_ *RBD, err error) {
 	if timeout <= 0 {
 		timeout = DefaultRBDConnectTimeout
 	}
-	depth := opts.QueueDepth
-	if depth <= 0 {
-		depth = DefaultRBDQueueDepth
-	}
-
-	r := &RBD{name: name, onResize: opts.OnResize, wfd: -1}
-	defer func() {
-		if err != nil {
-			r.release()
-		}
-	}()
 	if r.conn, err = rados.NewConnWithClusterAndUser("ceph", client); err != nil {
 		return fail("rados_create2 "+client, cephErrno(err))
 	}
@@ -279,11 +384,15 @@ func openRBD(opts RBDOptions) (_ *RBD, err error) {
 	}
 	r.ioctx.SetNamespace(opts.Namespace)
 	if opts.SharedState && !opts.ReadOnly {
-		if r.state, err = openState(r.conn, opts.Pool, opts.Namespace, opts.Image); err != nil {
+		if r.state == nil {
+			r.state, err = openState(r.conn, opts.Pool, opts.Namespace, opts.Image)
+		} else {
+			err = r.state.attach(r.conn, opts.Pool, opts.Namespace)
+		}
+		if err != nil {
 			return fail("shared state", err)
 		}
 	}
-
 	cname := C.CString(opts.Image)
 	defer C.free(unsafe.Pointer(cname))
 	ioctx := C.rados_ioctx_t(r.ioctx.Pointer())
@@ -298,55 +407,11 @@ func openRBD(opts RBDOptions) (_ *RBD, err error) {
 		return fail("rbd_open", syscall.Errno(-ret))
 	}
 	r.img = img
-	size, err := r.readSize()
-	if err != nil {
-		return fail("rbd_get_size", err)
-	}
-	if size <= 0 {
-		return fail("open", fmt.Errorf("image size %d: %w", size, ErrInvalidSize))
-	}
-	r.size.Store(size)
-	r.info = Info{Kind: "rbd", Path: name, ReadOnly: opts.ReadOnly, CanDiscard: true, DiscardZeroes: true}
-
-	var p [2]int
-	if err = unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		return fail("pipe2", err)
-	}
-	r.wfd = p[1]
-	if err = unix.SetNonblock(p[0], true); err != nil {
-		unix.Close(p[0])
-		return fail("pipe2", err)
-	}
-	r.rd = os.NewFile(uintptr(p[0]), "rbd-completions")
-	if r.cx = C.srpd_rbd_ctx_new(C.int(r.wfd), C.uint32_t(depth)); r.cx == nil {
-		return fail("open", syscall.ENOMEM)
-	}
-	r.slots = make([]rbdSlot, depth)
-	r.free = make(chan *rbdSlot, depth)
-	for i := range r.slots {
-		s := &r.slots[i]
-		s.c = C.srpd_rbd_slot_at(r.cx, C.uint32_t(i))
-		s.done = make(chan int64, 1)
-		r.free <- s
-	}
-	if ret := C.srpd_rbd_watch(r.img, r.cx, &r.watch); ret < 0 {
-		return fail("rbd_update_watch", syscall.Errno(-ret))
-	}
-	r.watching = true
-	r.resized = make(chan struct{}, 1)
-	r.wg.Add(2)
-	go r.poll()
-	go r.watchSize()
-	return r, nil
+	return nil
 }
 
-// release frees what openRBD got so far (on its failure, and at the end of Close); the
-// goroutines, if started, have exited.
-func (r *RBD) release() {
-	if r.state != nil {
-		r.state.close()
-		r.state = nil
-	}
+// disconnect closes what connect opened but the shared state (release closes it).
+func (r *RBD) disconnect() {
 	if r.watching {
 		C.rbd_update_unwatch(r.img, r.watch)
 		r.watching = false
@@ -357,10 +422,22 @@ func (r *RBD) release() {
 	}
 	if r.ioctx != nil {
 		r.ioctx.Destroy()
+		r.ioctx = nil
 	}
 	if r.conn != nil {
 		r.conn.Shutdown()
+		r.conn = nil
 	}
+}
+
+// release frees what openRBD got so far (on its failure, and at the end of Close); the
+// goroutines, if started, have exited.
+func (r *RBD) release() {
+	if r.state != nil {
+		r.state.close()
+		r.state = nil
+	}
+	r.disconnect()
 	if r.rd != nil {
 		r.rd.Close()
 	}
@@ -460,28 +537,203 @@ func (r *RBD) do(op C.int, p []byte, off, n int64) int64 {
 	return ret
 }
 
-// begin checks a call in the order closed, read-only (write), range, and on success holds
-// inflight shared: the caller must call r.inflight.RUnlock when done with the image.
+// begin checks a call in the order closed, fenced (managed lock), read-only (write), range,
+// and on success holds inflight shared: the caller must call r.inflight.RUnlock when done with
+// the image. With the managed lock it takes the lock first if this client does not own it.
 func (r *RBD) begin(op string, off, n int64, write bool) error {
+	return r.beginAccess(op, off, n, write, true)
+}
+
+// beginAccess is begin; lock false leaves the managed lock alone, for the calls that only
+// read the image's metadata (allocation, usage): a standby gateway's monitoring must not take
+// the unit over.
+func (r *RBD) beginAccess(op string, off, n int64, write, lock bool) error {
 	if r.closed.Load() {
 		return fmt.Errorf("backend rbd %s: %s: %w", r.name, op, ErrClosed)
 	}
+	if r.managed && r.fenced.Load() {
+		if err := r.waitBack(op); err != nil {
+			return err
+		}
+	}
 	r.inflight.RLock()
+	var err error
 	switch {
 	case r.closed.Load():
-		r.inflight.RUnlock()
-		return fmt.Errorf("backend rbd %s: %s: %w", r.name, op, ErrClosed)
+		err = fmt.Errorf("backend rbd %s: %s: %w", r.name, op, ErrClosed)
+	case r.managed && r.fenced.Load():
+		err = fmt.Errorf("backend rbd %s: %s: %w", r.name, op, ErrFenced)
 	case write && r.info.ReadOnly:
-		r.inflight.RUnlock()
-		return fmt.Errorf("backend rbd %s: %s: %w", r.name, op, ErrReadOnly)
+		err = fmt.Errorf("backend rbd %s: %s: %w", r.name, op, ErrReadOnly)
 	case !inRange(off, n, r.size.Load()):
+		err = fmt.Errorf("backend rbd %s: %s [%d, +%d) of %d bytes: %w", r.name, op, off, n, r.size.Load(), ErrOutOfRange)
+	case lock && r.managed && !r.owner.Load():
+		err = r.takeLock(op)
+	}
+	if err != nil {
 		r.inflight.RUnlock()
-		return fmt.Errorf("backend rbd %s: %s [%d, +%d) of %d bytes: %w", r.name, op, off, n, r.size.Load(), ErrOutOfRange)
+	}
+	return err
+}
+
+// takeLock makes this client the owner of the managed lock (inflight held shared).
+func (r *RBD) takeLock(op string) error {
+	r.lockMu.Lock()
+	defer r.lockMu.Unlock()
+	if r.owner.Load() {
+		return nil
+	}
+	var broke C.int
+	ret := C.srpd_rbd_take_lock(r.img, &broke)
+	if ret < 0 {
+		if fencedErrno(int64(ret)) {
+			r.fence()
+		}
+		// Another client holds the lock and it could not be taken (it raced us to it): the
+		// command fails as a transition and the initiator retries.
+		return fmt.Errorf("backend rbd %s: %s: taking the exclusive lock: %w (%w)", r.name, op, ErrFenced, syscall.Errno(-ret))
+	}
+	r.owner.Store(true)
+	if r.opts.OnLock != nil {
+		r.opts.OnLock(LockEvent{Kind: LockAcquired, Broken: int(broke), Epoch: r.epoch.Load()})
 	}
 	return nil
 }
 
+// fencedErrno reports whether a librbd result says that this client lost the managed lock:
+// EBLOCKLISTED (ESHUTDOWN: the cluster refuses a client whose lock another one broke), or
+// EROFS (the lock is gone and librbd may not ask for it back in managed mode).
+func fencedErrno(ret int64) bool {
+	return ret == -int64(syscall.ESHUTDOWN) || ret == -int64(syscall.EROFS)
+}
+
+// fence records that another client took the lock over. Calls fail with ErrFenced from now
+// on until Resume and the reconnect after it.
+func (r *RBD) fence() {
+	r.fmu.Lock()
+	defer r.fmu.Unlock()
+	if r.fenced.Load() {
+		return
+	}
+	r.owner.Store(false)
+	r.back = make(chan struct{})
+	e := r.epoch.Add(1)
+	r.fenced.Store(true)
+	if r.opts.OnLock != nil {
+		r.opts.OnLock(LockEvent{Kind: LockFenced, Epoch: e})
+	}
+}
+
+// resumeWait bounds how long a call waits for the reconnect that Resume started.
+const resumeWait = 10 * time.Second
+
+// waitBack is a call's wait while fenced: ErrFenced unless Resume was called for the current
+// epoch (then every caller is one admitted after the fence), in which case it waits for the
+// reconnect, bounded by resumeWait.
+func (r *RBD) waitBack(op string) error {
+	r.fmu.Lock()
+	asked, back := r.asked == r.epoch.Load(), r.back
+	r.fmu.Unlock()
+	if asked && back != nil {
+		t := time.NewTimer(resumeWait)
+		defer t.Stop()
+		select {
+		case <-back:
+			return nil
+		case <-t.C:
+		case <-r.stop:
+		}
+	}
+	return fmt.Errorf("backend rbd %s: %s: %w", r.name, op, ErrFenced)
+}
+
+// FenceEpoch implements Fenceable: the number of fences learnt of so far.
+func (r *RBD) FenceEpoch() uint64 { return r.epoch.Load() }
+
+// Resume implements Fenceable: nothing admitted before fence epoch e is left, so the image
+// may be opened again through a new cluster connection (the old one is blocklisted). It runs
+// in the background, retrying every second until it succeeds or the backend is closed.
+func (r *RBD) Resume(e uint64) {
+	r.fmu.Lock()
+	defer r.fmu.Unlock()
+	if !r.fenced.Load() || e != r.epoch.Load() || r.asked >= e {
+		return
+	}
+	r.asked = e
+	r.rwg.Add(1)
+	go r.reconnect(e, r.back)
+}
+
+func (r *RBD) reconnect(e uint64, back chan struct{}) {
+	defer r.rwg.Done()
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-retry.C:
+		}
+		err := r.reopen()
+		if errors.Is(err, ErrClosed) {
+			return
+		}
+		if r.opts.OnLock != nil {
+			r.opts.OnLock(LockEvent{Kind: LockResumed, Epoch: e, Err: err})
+		}
+		if err == nil {
+			r.fmu.Lock()
+			r.fenced.Store(false)
+			close(back)
+			r.fmu.Unlock()
+			return
+		}
+		retry.Reset(time.Second)
+	}
+}
+
+// reopen replaces the blocklisted cluster connection and image with new ones (no call is in
+// progress: inflight held exclusively). The lock is taken again by the next call.
+func (r *RBD) reopen() error {
+	r.inflight.Lock()
+	defer r.inflight.Unlock()
+	if r.closed.Load() {
+		return ErrClosed
+	}
+	if r.state != nil {
+		r.state.detach() // before its connection goes
+	}
+	r.disconnect()
+	undo := func(err error) error {
+		if r.state != nil {
+			r.state.detach()
+		}
+		r.disconnect()
+		return err
+	}
+	if err := r.connect(); err != nil {
+		return undo(err)
+	}
+	if ret := C.srpd_rbd_watch(r.img, r.cx, &r.watch); ret < 0 {
+		return undo(fmt.Errorf("backend rbd %s: rbd_update_watch: %w", r.name, syscall.Errno(-ret)))
+	}
+	r.watching = true
+	if size, err := r.readSize(); err == nil && size != r.size.Load() {
+		r.size.Store(size)
+		if r.onResize != nil {
+			r.onResize(size)
+		}
+	}
+	return nil
+}
+
+// fail is the error of a request librbd failed with ret (a negative errno); with the managed
+// lock, a result that says the lock was lost fences the backend and wraps ErrFenced.
 func (r *RBD) fail(op string, off, n int64, ret int64) error {
+	if r.managed && fencedErrno(ret) {
+		r.fence()
+		return fmt.Errorf("backend rbd %s: %s %d bytes at %d: %w (%w)", r.name, op, n, off, ErrFenced, syscall.Errno(-ret))
+	}
 	return fmt.Errorf("backend rbd %s: %s %d bytes at %d: %w", r.name, op, n, off, syscall.Errno(-ret))
 }
 
@@ -532,7 +784,7 @@ func (r *RBD) Flush() error {
 		return nil
 	}
 	if ret := r.do(C.SRPD_RBD_FLUSH, nil, 0, 0); ret < 0 {
-		return fmt.Errorf("backend rbd %s: flush: %w", r.name, syscall.Errno(-ret))
+		return r.fail("flush", 0, 0, ret)
 	}
 	return nil
 }
@@ -570,6 +822,8 @@ func (r *RBD) Close() error {
 	if !r.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("backend rbd %s: close: %w", r.name, ErrClosed)
 	}
+	close(r.stop) // a reconnect after a fence gives up
+	r.rwg.Wait()
 	r.inflight.Lock() // every call in progress has returned; later ones see closed
 	defer r.inflight.Unlock()
 	// No completion is outstanding now; stop the update watch, then the poller (which may be

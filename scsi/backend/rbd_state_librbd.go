@@ -21,12 +21,15 @@ import (
 type rbdState struct {
 	ioctx *rados.IOContext // its own: GetLastVersion reads this context's last operation
 	oid   string
-	mu    sync.Mutex // serializes operations on ioctx
-	w     *rados.Watcher
+	// life is held shared while ioctx is used, exclusively to replace it (rebind, close).
+	life sync.RWMutex
+	mu   sync.Mutex // serializes operations on ioctx
+	w    *rados.Watcher
 
 	wmu      sync.Mutex
 	watchers []func()
-	done     chan struct{}
+	done     chan struct{} // closed when listen has returned
+	quit     chan struct{} // closed to make listen return
 }
 
 const (
@@ -43,7 +46,7 @@ func openState(conn *rados.Conn, pool, ns, image string) (*rbdState, error) {
 		return nil, fmt.Errorf("shared state: pool %s: %w", pool, cephErrno(err))
 	}
 	ioctx.SetNamespace(ns)
-	s := &rbdState{ioctx: ioctx, oid: "rbd_srpd_pr." + image, done: make(chan struct{})}
+	s := &rbdState{ioctx: ioctx, oid: "rbd_srpd_pr." + image}
 	op := rados.CreateWriteOp()
 	op.Create(rados.CreateIdempotent)
 	err = op.Operate(ioctx, s.oid, rados.OperationNoFlag)
@@ -52,19 +55,40 @@ func openState(conn *rados.Conn, pool, ns, image string) (*rbdState, error) {
 		ioctx.Destroy()
 		return nil, fmt.Errorf("shared state: create %s: %w", s.oid, cephErrno(err))
 	}
-	if s.w, err = ioctx.Watch(s.oid); err != nil {
+	w, err := ioctx.Watch(s.oid)
+	if err != nil {
 		ioctx.Destroy()
 		return nil, fmt.Errorf("shared state: watch %s: %w", s.oid, cephErrno(err))
 	}
-	go s.listen()
+	s.watch(w)
 	return s, nil
 }
 
-func (s *rbdState) listen() {
-	defer close(s.done)
-	events, errs := s.w.Events(), s.w.Errors()
+// watch starts listening to w (life held exclusively, or before s is shared).
+func (s *rbdState) watch(w *rados.Watcher) {
+	s.w, s.done, s.quit = w, make(chan struct{}), make(chan struct{})
+	go s.listen(w, s.done, s.quit)
+}
+
+// unwatch stops the watch and its listener (life held exclusively). The unwatch may fail on a
+// blocklisted connection; the listener is told to stop anyway.
+func (s *rbdState) unwatch() {
+	if s.w == nil {
+		return
+	}
+	close(s.quit)
+	_ = s.w.Delete()
+	<-s.done
+	s.w = nil
+}
+
+func (s *rbdState) listen(w *rados.Watcher, done, quit chan struct{}) {
+	defer close(done)
+	events, errs := w.Events(), w.Errors()
 	for {
 		select {
+		case <-quit:
+			return
 		case ev, ok := <-events:
 			if !ok {
 				return
@@ -99,11 +123,16 @@ func (s *rbdState) Watch(f func()) {
 
 // Load implements SharedState.
 func (s *rbdState) Load() ([]byte, uint64, error) {
+	s.life.RLock()
+	defer s.life.RUnlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Larger than any state (scsi's PR state is at most ~172 KB), so one read takes it whole
 	// with the version it has.
 	buf := make([]byte, stateMaxSize)
+	if s.ioctx == nil {
+		return nil, 0, fmt.Errorf("shared state: %s: %w", s.oid, ErrFenced)
+	}
 	op := rados.CreateReadOp()
 	defer op.Release()
 	op.AssertExists()
@@ -127,7 +156,13 @@ func (s *rbdState) CompareAndSwap(ver uint64, data []byte) error {
 	if len(data) > stateMaxSize {
 		return fmt.Errorf("shared state: %d bytes: more than %d", len(data), stateMaxSize)
 	}
+	s.life.RLock()
+	defer s.life.RUnlock()
 	s.mu.Lock()
+	if s.ioctx == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("shared state: %s: %w", s.oid, ErrFenced)
+	}
 	op := rados.CreateWriteOp()
 	op.AssertVersion(ver)
 	op.WriteFull(data)
@@ -148,10 +183,46 @@ func (s *rbdState) CompareAndSwap(ver uint64, data []byte) error {
 	return nil
 }
 
-func (s *rbdState) close() {
-	if s.w != nil {
-		_ = s.w.Delete()
-		<-s.done
+// detach lets go of the state's cluster connection (a fence blocklisted it), before that
+// connection is shut down; Load and CompareAndSwap fail until attach.
+func (s *rbdState) detach() {
+	s.life.Lock()
+	defer s.life.Unlock()
+	s.unwatch() // the unwatch may fail on the blocklisted connection; the context goes anyway
+	if s.ioctx != nil {
+		s.ioctx.Destroy()
+		s.ioctx = nil
 	}
-	s.ioctx.Destroy()
+}
+
+// attach moves the state to a new cluster connection (after detach): the object is watched
+// again through it, and the watchers hear of a change, since writes may have been missed.
+func (s *rbdState) attach(conn *rados.Conn, pool, ns string) error {
+	s.life.Lock()
+	ioctx, err := conn.OpenIOContext(pool)
+	if err != nil {
+		s.life.Unlock()
+		return fmt.Errorf("shared state: pool %s: %w", pool, cephErrno(err))
+	}
+	ioctx.SetNamespace(ns)
+	w, err := ioctx.Watch(s.oid)
+	if err != nil {
+		ioctx.Destroy()
+		s.life.Unlock()
+		return fmt.Errorf("shared state: watch %s: %w", s.oid, cephErrno(err))
+	}
+	s.ioctx = ioctx
+	s.watch(w)
+	s.life.Unlock()
+	s.changed()
+	return nil
+}
+
+func (s *rbdState) close() {
+	s.life.Lock()
+	defer s.life.Unlock()
+	s.unwatch()
+	if s.ioctx != nil {
+		s.ioctx.Destroy()
+	}
 }

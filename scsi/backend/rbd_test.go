@@ -393,3 +393,114 @@ func TestRBDNoAllocs(t *testing.T) {
 		}
 	}
 }
+
+// lockEvents records an RBD backend's managed-lock events.
+type lockEvents struct {
+	mu  sync.Mutex
+	evs []LockEvent
+}
+
+func (l *lockEvents) add(ev LockEvent) {
+	l.mu.Lock()
+	l.evs = append(l.evs, ev)
+	l.mu.Unlock()
+}
+
+func (l *lockEvents) count(k LockEventKind) (n int, last LockEvent) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ev := range l.evs {
+		if ev.Kind == k {
+			n++
+			last = ev
+		}
+	}
+	return n, last
+}
+
+// TestRBDManagedLockFencing: two gateways (two cluster connections) on one image with the
+// managed lock. The second one's first write breaks the first one's lock, which blocklists
+// it: the first one's later write fails with ErrFenced and does not land. After Resume the
+// fenced gateway reconnects (a call made meanwhile waits for it), takes the lock back the same
+// way, and its shared state works through the new connection.
+func TestRBDManagedLockFencing(t *testing.T) {
+	c := testCluster(t)
+	image := c.newImage(t, 8<<20)
+	var evA, evB lockEvents
+	oa := c.opts(image)
+	oa.ManagedLock, oa.SharedState, oa.OnLock = true, true, evA.add
+	ob := c.opts(image)
+	ob.ManagedLock, ob.OnLock = true, evB.add
+	a, b := c.open(t, oa), c.open(t, ob)
+	blk := func(v byte) []byte { return bytes.Repeat([]byte{v}, 4096) }
+	if _, err := a.WriteAt(blk(0xA1), 0); err != nil {
+		t.Fatal(err)
+	}
+	if n, ev := evA.count(LockAcquired); n != 1 || ev.Broken != 0 {
+		t.Fatalf("A took the lock %d times (last broke %d owners), want once, breaking none", n, ev.Broken)
+	}
+	// B takes over: A's lock is broken and A blocklisted.
+	if _, err := b.WriteAt(blk(0xB1), 4096); err != nil {
+		t.Fatal(err)
+	}
+	if n, ev := evB.count(LockAcquired); n != 1 || ev.Broken != 1 {
+		t.Fatalf("B took the lock %d times (last broke %d owners), want once, breaking A's", n, ev.Broken)
+	}
+	// A's write after the takeover: refused, fenced.
+	_, err := a.WriteAt(blk(0xA2), 0)
+	if !errors.Is(err, ErrFenced) {
+		t.Fatalf("A's write after B took the lock: %v, want ErrFenced", err)
+	}
+	if a.FenceEpoch() != 1 {
+		t.Fatalf("A's fence epoch %d, want 1", a.FenceEpoch())
+	}
+	if n, _ := evA.count(LockFenced); n != 1 {
+		t.Fatalf("A saw %d fences, want 1", n)
+	}
+	// Fenced, without Resume: every call fails at once, reads too.
+	if _, err := a.ReadAt(make([]byte, 512), 0); !errors.Is(err, ErrFenced) {
+		t.Fatalf("A's read while fenced: %v, want ErrFenced", err)
+	}
+	got := make([]byte, 8192)
+	if _, err := b.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[:4096], blk(0xA1)) || !bytes.Equal(got[4096:], blk(0xB1)) {
+		t.Fatalf("through B: %x… %x…, want a1… b1… (the fenced write must not land)", got[0], got[4096])
+	}
+	// Resume: A reconnects; its write waits for that, then takes the lock back from B.
+	a.Resume(1)
+	a.Resume(1) // once is enough; a second call changes nothing
+	if _, err := a.WriteAt(blk(0xA3), 0); err != nil {
+		t.Fatalf("A's write after Resume: %v", err)
+	}
+	if n, ev := evA.count(LockResumed); n != 1 || ev.Err != nil {
+		t.Fatalf("A resumed %d times, last error %v", n, ev.Err)
+	}
+	if n, ev := evA.count(LockAcquired); n != 2 || ev.Broken != 1 || ev.Epoch != 1 {
+		t.Fatalf("A took the lock %d times (last broke %d owners, epoch %d), want twice, breaking B's", n, ev.Broken, ev.Epoch)
+	}
+	if _, err := b.WriteAt(blk(0xB2), 4096); !errors.Is(err, ErrFenced) {
+		t.Fatalf("B's write after A took the lock back: %v, want ErrFenced", err)
+	}
+	if _, err := a.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[:4096], blk(0xA3)) || !bytes.Equal(got[4096:], blk(0xB1)) {
+		t.Fatalf("through A: %x… %x…, want a3… b1…", got[0], got[4096])
+	}
+	// A's shared state moved to the new connection.
+	st := a.SharedState()
+	_, ver, err := st.Load()
+	if err != nil {
+		t.Fatalf("shared state after the reconnect: %v", err)
+	}
+	if err := st.CompareAndSwap(ver, []byte("after the fence")); err != nil {
+		t.Fatalf("shared state write after the reconnect: %v", err)
+	}
+	// A stale Resume (an older epoch) does nothing.
+	b.Resume(0)
+	if _, err := b.ReadAt(got[:512], 0); !errors.Is(err, ErrFenced) {
+		t.Fatalf("B after a stale Resume: %v, want ErrFenced", err)
+	}
+}

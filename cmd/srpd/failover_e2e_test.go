@@ -119,8 +119,8 @@ func TestMultipathFailover(t *testing.T) {
 }
 
 // multipathFailover is TestMultipathFailover with gateways exporting lun (a luns: entry of one
-// line) from dir.
-func multipathFailover(t *testing.T, dir, lun string) {
+// line) from dir. It returns the gateways as they are at the end (gw1 restarted).
+func multipathFailover(t *testing.T, dir, lun string) [2]*daemonProc {
 	fio, err := exec.LookPath("fio")
 	if err != nil {
 		t.Skip("SKIP: fio is not installed (CI installs it: .ci/run)")
@@ -238,4 +238,5 @@ func multipathFailover(t *testing.T, dir, lun string) {
 		t.Fatalf("after the failback the I/O does not go through gw1: before %+v, after %+v", before, after)
 	}
 	t.Logf("failback to gw1 %v after the kill", back.Sub(killed).Round(time.Millisecond))
+	return gws
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,9 +23,10 @@ import (
 func init() { bins.Tags = "rbd" }
 
 // TestRBDMultipathFailover is TestMultipathFailover on an RBD image of the test cluster (`make
-// test-ceph` exports SRPD_CEPH_*): both gateways open the image through librbd; when the
-// killed gateway held its exclusive lock, the other takes it over once the cluster has noticed
-// the dead client (the test cluster's osd_client_watch_timeout).
+// test-ceph` exports SRPD_CEPH_*): both gateways open the image through librbd with the
+// managed exclusive lock (the default). gw1 owns it when it is killed; gw2's first write after
+// the failover breaks it, blocklisting gw1's client; after the failback the restarted gw1
+// takes it back from gw2 the same way. Both takeovers are in the gateways' logs.
 func TestRBDMultipathFailover(t *testing.T) {
 	conf, pool, image := os.Getenv("SRPD_CEPH_CONF"), os.Getenv("SRPD_CEPH_POOL"), os.Getenv("SRPD_CEPH_IMAGE")
 	if conf == "" || pool == "" || image == "" {
@@ -34,7 +36,14 @@ func TestRBDMultipathFailover(t *testing.T) {
 	dir := testutil.ShortTempDir(t, "srpd-mprbd-")
 	lun := fmt.Sprintf("{id: 0, backend: rbd, block_size: 512, naa: %s, rbd: {cluster_config: %s, pool: %s, image: %s}}",
 		failoverNAA, conf, pool, image)
-	multipathFailover(t, dir, lun)
+	gws := multipathFailover(t, dir, lun)
+	const over = `took the image's exclusive lock over: the previous owner was blocklisted`
+	for i, gw := range gws {
+		log := gw.stderr.String()
+		if !strings.Contains(log, over) || !strings.Contains(log, `"owners_broken":1`) {
+			t.Errorf("gw%d did not take the exclusive lock over (breaking the other's):\n%s", i+1, tail(log, 40))
+		}
+	}
 }
 
 // TestRBDSharedPRThroughGateways: two srpd gateway processes export one RBD image of the test

@@ -107,8 +107,12 @@ func newLUNAddCmd(a *app) *cobra.Command {
 	f.StringVar(&rbd.ClusterConfig, "cluster-config", "", "Ceph cluster configuration file (rbd; default "+config.DefaultRBDClusterConfig+")")
 	f.StringVar(&rbd.Client, "client", "", "cephx user, client.<id> (rbd; default "+config.DefaultRBDClient+")")
 	f.StringVar(&rbd.Keyring, "keyring", "", "keyring file with the client's key (rbd; default: the cluster configuration's)")
+	f.StringVar(&rbd.ExclusiveLock, "exclusive-lock", "", "managed (default: take the image's lock on first I/O, fencing "+
+		"the gateway that had it) or auto (librbd hands it over) (rbd)")
 	persistFlag(cmd, &persist)
 	_ = cmd.RegisterFlagCompletionFunc("backend", cobra.FixedCompletions(backendChoices, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("exclusive-lock", cobra.FixedCompletions([]string{config.RBDLockManaged, config.RBDLockAuto},
+		cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("block-size", cobra.FixedCompletions([]string{"512", "4096"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }

@@ -521,6 +521,9 @@ func (x *exec) run() Status {
 		return x.check(s)
 	}
 	op := x.cdb[0]
+	if l.prStore != nil && l.pr.stale.Load() {
+		l.prRefresh() // another gateway's PR change may owe this nexus a unit attention
+	}
 	if k := opIndex[op]; k == 0 || commands[k-1].flags&cmdNoUA == 0 {
 		if c, ok := l.ua.take(&cmd.Nexus); ok {
 			return x.check(c.sense())

@@ -20,6 +20,36 @@ type prState struct {
 	resv   bool
 	holder Nexus // the reservation holder (not used for the all-registrants types)
 	typ    uint8
+
+	// Unit attentions a PR OUT owes to other nexuses (prUA): pending until the command's
+	// change is committed, then established here and, with a PRStore, logged in the stored
+	// state for the other gateways (prstore.go). log is the stored log as last read; uaSeen the
+	// newest entry delivered here; loaded tells that the store was read once.
+	pend   []prUA
+	log    []prUA
+	uaSeen uint64
+	loaded bool
+}
+
+// prUA is a unit attention owed to a nexus because of a persistent reservation change.
+type prUA struct {
+	seq   uint64 // its place in the stored log (PRStore); 0 while pending
+	nexus Nexus
+	code  uaCode
+}
+
+// prUA queues unit attention c for nexus n, owed by the PR OUT being applied (pr.mu held).
+func (l *LUN) prUA(n *Nexus, c uaCode) {
+	l.pr.pend = append(l.pr.pend, prUA{nexus: *n, code: c})
+}
+
+// prFlushUAs establishes the pending unit attentions here (the change is committed).
+func (l *LUN) prFlushUAs() {
+	p := &l.pr
+	for i := range p.pend {
+		l.ua.establish(&p.pend[i].nexus, p.pend[i].code)
+	}
+	p.pend = p.pend[:0]
 }
 
 type prReg struct {
@@ -199,7 +229,10 @@ func (x *exec) persistentReserveOut() Status {
 	if l.prStore != nil {
 		return x.prOutShared(context.Background(), func() Status { return x.prOutLocked(n, sa, key, saKey, typ) })
 	}
-	return x.prOutLocked(n, sa, key, saKey, typ)
+	p.pend = p.pend[:0]
+	st := x.prOutLocked(n, sa, key, saKey, typ)
+	l.prFlushUAs()
+	return st
 }
 
 // prOutLocked applies a PERSISTENT RESERVE OUT to the LUN's PR state (pr.mu held).
@@ -257,7 +290,7 @@ func (x *exec) prOutLocked(n *Nexus, sa uint8, key, saKey uint64, typ uint8) Sta
 	case PROutClear:
 		for i := range p.regs {
 			if r := &p.regs[i]; r.nexus != *n {
-				l.ua.establish(&r.nexus, uaReservationsPreemp)
+				l.prUA(&r.nexus, uaReservationsPreemp)
 			}
 		}
 		p.regs = p.regs[:0]
@@ -279,7 +312,7 @@ func (l *LUN) release(n *Nexus) {
 	if prRegistrantsOnly(t) || prAllRegistrants(t) {
 		for i := range p.regs {
 			if r := &p.regs[i]; r.nexus != *n {
-				l.ua.establish(&r.nexus, uaReservationsRel)
+				l.prUA(&r.nexus, uaReservationsRel)
 			}
 		}
 	}
@@ -310,7 +343,7 @@ func (l *LUN) removeKey(k uint64, all bool, keep int) (int, int) {
 	for i := range p.regs {
 		r := p.regs[i]
 		if i != keep && (all || r.key == k) {
-			l.ua.establish(&r.nexus, uaRegistrationsPreem)
+			l.prUA(&r.nexus, uaRegistrationsPreem)
 			removed++
 			continue
 		}
@@ -358,7 +391,7 @@ func (x *exec) preempt(idx int, saKey uint64, typ uint8) Status {
 			if oldType != typ {
 				for i := range p.regs {
 					if r := &p.regs[i]; r.nexus != *n {
-						l.ua.establish(&r.nexus, uaReservationsRel)
+						l.prUA(&r.nexus, uaReservationsRel)
 					}
 				}
 			}

@@ -143,19 +143,35 @@ func TestPRStateEncoding(t *testing.T) {
 	p.gen = 7
 	p.regs = []prReg{{nexus: Nexus{InitiatorPortID: [16]byte{1}, TargetPortID: [16]byte{2}}, key: 9, rtp: 2}}
 	p.setReservation(&p.regs[0].nexus, prTypeExclusiveAccess)
+	p.log = []prUA{{seq: 4, nexus: Nexus{InitiatorPortID: [16]byte{3}, TargetPortID: [16]byte{4}}, code: uaRegistrationsPreem},
+		{seq: 5, nexus: Nexus{InitiatorPortID: [16]byte{5}}, code: uaReservationsRel}}
 	b := p.encode()
 	var q prState
 	if err := q.decode(b); err != nil || q.gen != 7 || len(q.regs) != 1 || q.regs[0] != p.regs[0] || !q.resv ||
-		q.holder != p.holder || q.typ != prTypeExclusiveAccess || !q.active.Load() {
-		t.Fatalf("decode(encode) = %+v, %v", q.regs, err)
+		q.holder != p.holder || q.typ != prTypeExclusiveAccess || !q.active.Load() ||
+		len(q.log) != 2 || q.log[0] != p.log[0] || q.log[1] != p.log[1] {
+		t.Fatalf("decode(encode) = %+v %+v, %v", q.regs, q.log, err)
 	}
+	// Version 1 (no log), as gateways before the log wrote it: read, with an empty log.
+	v1 := bytes.Clone(b[:prEncHeader+prEncReg])
+	v1[0] = prEncVersion1
+	if err := q.decode(v1); err != nil || len(q.regs) != 1 || len(q.log) != 0 || !q.resv {
+		t.Fatalf("version 1: %+v %+v, %v", q.regs, q.log, err)
+	}
+	logAt := prEncHeader + prEncReg + 2 // the first log entry
 	for name, bad := range map[string][]byte{
-		"short":     b[:10],
-		"version":   append([]byte{2}, b[1:]...),
-		"count":     append(bytes.Clone(b), 0),
-		"type":      func() []byte { c := bytes.Clone(b); c[6] = 9; return c }(),
-		"resv flag": func() []byte { c := bytes.Clone(b); c[5] = 2; return c }(),
-		"too many":  func() []byte { c := bytes.Clone(b[:prEncHeader]); binary.BigEndian.PutUint16(c[39:], 5000); return c }(),
+		"short":         b[:10],
+		"version":       append([]byte{3}, b[1:]...),
+		"count":         append(bytes.Clone(b), 0),
+		"type":          func() []byte { c := bytes.Clone(b); c[6] = 9; return c }(),
+		"resv flag":     func() []byte { c := bytes.Clone(b); c[5] = 2; return c }(),
+		"too many":      func() []byte { c := bytes.Clone(b[:prEncHeader]); binary.BigEndian.PutUint16(c[39:], 5000); return c }(),
+		"no log":        b[:prEncHeader+prEncReg],
+		"v1 with a log": func() []byte { c := bytes.Clone(b); c[0] = prEncVersion1; return c }(),
+		"log count":     func() []byte { c := bytes.Clone(b); binary.BigEndian.PutUint16(c[logAt-2:], 3); return c }(),
+		"log code":      func() []byte { c := bytes.Clone(b); binary.BigEndian.PutUint16(c[logAt+40:], 0x2900); return c }(),
+		"log order":     func() []byte { c := bytes.Clone(b); binary.BigEndian.PutUint64(c[logAt:], 6); return c }(),
+		"log seq 0":     func() []byte { c := bytes.Clone(b); binary.BigEndian.PutUint64(c[logAt:], 0); return c }(),
 	} {
 		if err := q.decode(bad); err == nil {
 			t.Errorf("%s: decoded", name)
@@ -171,13 +187,74 @@ func FuzzDecodePRState(f *testing.F) {
 	f.Add(p.encode())
 	f.Add([]byte{})
 	f.Add([]byte{1, 0, 0, 0, 0, 0, 0})
+	p.log = []prUA{{seq: 1, nexus: p.regs[0].nexus, code: uaReservationsPreemp}}
+	f.Add(p.encode())
+	v1 := p.encode()[:prEncHeader+prEncReg]
+	v1[0] = prEncVersion1
+	f.Add(v1)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var q prState
 		if err := q.decode(b); err != nil {
 			return
 		}
-		if len(b) > 0 && !bytes.Equal(q.encode(), b) {
+		enc := q.encode()
+		if len(b) > 0 && b[0] == prEncVersion && !bytes.Equal(enc, b) {
 			t.Fatalf("decode/encode does not round-trip % x", b)
 		}
+		// A version 1 state is written back as version 2 with an empty log, and that reads back.
+		var r prState
+		if err := r.decode(enc); err != nil || !bytes.Equal(r.encode(), enc) {
+			t.Fatalf("re-encoded state % x does not round-trip: %v", enc, err)
+		}
 	})
+}
+
+// TestSharedPRUnitAttentions: the unit attentions a PR change owes to nexuses of another
+// gateway reach them there: a PREEMPT through gateway 2 removes a registration made through
+// gateway 1, whose nexus then gets REGISTRATIONS PREEMPTED on its next command through gateway
+// 1; a RELEASE of a registrants-only reservation through gateway 2 gives the registrants of
+// gateway 1 RESERVATIONS RELEASED. A gateway that starts later does not replay the log.
+func TestSharedPRUnitAttentions(t *testing.T) {
+	store := &memPRStore{}
+	a, _ := newTestLUN(t, LUNConfig{Serial: "S1", ALUA: gatewayALUA(1), PRStore: store})
+	b, _ := newTestLUN(t, LUNConfig{Serial: "S1", ALUA: gatewayALUA(2), PRStore: store})
+	i1a := Nexus{InitiatorPortID: [16]byte{0xA1}, TargetPortID: [16]byte{1}}
+	i3a := Nexus{InitiatorPortID: [16]byte{0xA3}, TargetPortID: [16]byte{1}}
+	i2b := Nexus{InitiatorPortID: [16]byte{0xA2}, TargetPortID: [16]byte{2}}
+	clearUA(t, a, i1a)
+	clearUA(t, a, i3a)
+	clearUA(t, b, i2b)
+	tur := func(l *LUN, n Nexus) Result { r, _ := do(l, n, cdbTUR(), nil, 0); return r }
+	runSteps(t, a, []prStep{
+		{n: i1a, cdb: cdbPROut(PROutRegister, 0), out: prParams(0, 0x11), want: good()},
+		{n: i3a, cdb: cdbPROut(PROutRegister, 0), out: prParams(0, 0x33), want: good()},
+	})
+	runSteps(t, b, []prStep{
+		{n: i2b, cdb: cdbPROut(PROutRegister, 0), out: prParams(0, 0x22), want: good()},
+		{n: i2b, cdb: cdbPROut(PROutReserve, prTypeWriteExclusiveRegs), out: prParams(0x22, 0), want: good()},
+		{n: i2b, cdb: cdbPROut(PROutPreempt, prTypeWriteExclusiveRegs), out: prParams(0x22, 0x11), want: good()},
+	})
+	wantSense(t, tur(a, i1a), UnitAttention, 0x2A, 0x05) // REGISTRATIONS PREEMPTED
+	wantGood(t, tur(a, i1a))
+	wantGood(t, tur(a, i3a))
+	wantGood(t, tur(b, i2b))
+	runSteps(t, b, []prStep{
+		{n: i2b, cdb: cdbPROut(PROutRelease, prTypeWriteExclusiveRegs), out: prParams(0x22, 0), want: good()},
+	})
+	wantSense(t, tur(a, i3a), UnitAttention, 0x2A, 0x04) // RESERVATIONS RELEASED
+	wantGood(t, tur(a, i3a))
+	wantGood(t, tur(a, i1a)) // no longer registered: nothing owed
+	wantGood(t, tur(b, i2b))
+	// A third gateway: the log's entries happened before it; its nexuses get the power-on
+	// condition and nothing else.
+	c, _ := newTestLUN(t, LUNConfig{Serial: "S1", ALUA: gatewayALUA(1), PRStore: store})
+	clearUA(t, c, i1a)
+	wantGood(t, tur(c, i1a))
+	if n := len(store.data); n == 0 {
+		t.Fatal("nothing stored")
+	}
+	var st prState
+	if err := st.decode(store.data); err != nil || len(st.log) != 2 || st.log[0].nexus != i1a || st.log[1].nexus != i3a {
+		t.Fatalf("stored log %+v, %v", st.log, err)
+	}
 }

@@ -94,12 +94,7 @@ func newLUNSetCmd(a *app) *cobra.Command {
 }
 
 func newACLSetCmd(a *app) *cobra.Command {
-	var (
-		luns     []int
-		readOnly bool
-		persist  bool
-	)
-	cmd := &cobra.Command{
+	return aclCmd(a, &cobra.Command{
 		Use:   "set TARGET INITIATOR [--luns 0,1] [--read-only]",
 		Short: "Change an initiator's ACL (its LUNs, its write protection) while it is logged in",
 		Long: `Replace an initiator's ACL: the LUNs it sees (default: all) and whether they are
@@ -108,23 +103,5 @@ write-protected for it. Its sessions stay logged in.
 ` + liveNote,
 		Example: `  srpctl acl set demo 0x00000000000000005054000000000001 --luns 0,1,2
   srpctl acl set demo '*' --read-only`,
-		Args: args(2),
-		RunE: func(cmd *cobra.Command, argv []string) error {
-			ini, err := parseInitiator(argv[1])
-			if err != nil {
-				return err
-			}
-			acl := config.ACL{Initiator: ini, LUNs: luns, ReadOnly: readOnly}
-			return add(a, cmd, func(ctx context.Context, c *ctlapi.Client) (*ctlapi.ACLInfo, error) {
-				return c.UpdateACL(ctx, argv[0], acl, ctlapi.MutateOptions{Persist: persist})
-			}, func(info *ctlapi.ACLInfo) string {
-				return fmt.Sprintf("ACL of %s on target %s: LUNs %s, read-only: %s%s",
-					info.Initiator, argv[0], joinInts(info.LUNs), yesNo(info.ReadOnly), persisted(persist))
-			})
-		},
-	}
-	cmd.Flags().IntSliceVar(&luns, "luns", nil, "LUNs the initiator may see (default: all)")
-	cmd.Flags().BoolVar(&readOnly, "read-only", false, "write-protect every LUN for this initiator")
-	persistFlag(cmd, &persist)
-	return cmd
+	}, (*ctlapi.Client).UpdateACL, "ACL of %s on target %s: LUNs %s, read-only: %s%s")
 }

@@ -197,12 +197,7 @@ func parseInitiator(s string) (config.InitiatorID, error) {
 }
 
 func newACLAddCmd(a *app) *cobra.Command {
-	var (
-		luns     []int
-		readOnly bool
-		persist  bool
-	)
-	cmd := &cobra.Command{
+	return aclCmd(a, &cobra.Command{
 		Use:   "add TARGET INITIATOR [--luns 0,1] [--read-only]",
 		Short: `Allow an initiator (port ID, or "*" for any other) to log in to a target`,
 		Long: `Allow an initiator to log in to a target. INITIATOR is the initiator port ID (32 hex
@@ -213,20 +208,32 @@ initiator no other ACL names.
 ` + liveNote,
 		Example: `  srpctl acl add demo 0x00000000000000005054000000000001 --luns 0,1
   srpctl acl add demo '*' --read-only`,
-		Args: args(2),
-		RunE: func(cmd *cobra.Command, argv []string) error {
-			ini, err := parseInitiator(argv[1])
-			if err != nil {
-				return err
-			}
-			acl := config.ACL{Initiator: ini, LUNs: luns, ReadOnly: readOnly}
-			return add(a, cmd, func(ctx context.Context, c *ctlapi.Client) (*ctlapi.ACLInfo, error) {
-				return c.AddACL(ctx, argv[0], acl, ctlapi.MutateOptions{Persist: persist})
-			}, func(info *ctlapi.ACLInfo) string {
-				return fmt.Sprintf("initiator %s may log in to target %s (LUNs: %s, read-only: %s)%s",
-					info.Initiator, argv[0], joinInts(info.LUNs), yesNo(info.ReadOnly), persisted(persist))
-			})
-		},
+	}, (*ctlapi.Client).AddACL, "initiator %s may log in to target %s (LUNs: %s, read-only: %s)%s")
+}
+
+// aclCmd completes cmd (its texts set) as a command that sends an ACL (TARGET INITIATOR
+// --luns --read-only) with call and reports the result with done's format (initiator, target,
+// LUNs, read-only, persisted).
+func aclCmd(a *app, cmd *cobra.Command,
+	call func(*ctlapi.Client, context.Context, string, config.ACL, ctlapi.MutateOptions) (*ctlapi.ACLInfo, error),
+	done string) *cobra.Command {
+	var (
+		luns     []int
+		readOnly bool
+		persist  bool
+	)
+	cmd.Args = args(2)
+	cmd.RunE = func(cmd *cobra.Command, argv []string) error {
+		ini, err := parseInitiator(argv[1])
+		if err != nil {
+			return err
+		}
+		acl := config.ACL{Initiator: ini, LUNs: luns, ReadOnly: readOnly}
+		return add(a, cmd, func(ctx context.Context, c *ctlapi.Client) (*ctlapi.ACLInfo, error) {
+			return call(c, ctx, argv[0], acl, ctlapi.MutateOptions{Persist: persist})
+		}, func(info *ctlapi.ACLInfo) string {
+			return fmt.Sprintf(done, info.Initiator, argv[0], joinInts(info.LUNs), yesNo(info.ReadOnly), persisted(persist))
+		})
 	}
 	cmd.Flags().IntSliceVar(&luns, "luns", nil, "LUNs the initiator may see (default: all)")
 	cmd.Flags().BoolVar(&readOnly, "read-only", false, "write-protect every LUN for this initiator")

@@ -257,6 +257,19 @@ func (v *validator) uniqueName(seen map[string]int, p, kind, list, name string, 
 	seen[name] = i
 }
 
+// entry starts the checks of element i of a named list (transports, targets, sessions,
+// multipath): its messages are labelled with its name (label, e.g. "target"), check runs on its
+// path, and its name must be unique (kind names it in that message). It returns the path.
+func (v *validator) entry(seen map[string]int, list, label, kind, name string, i int, check func(p string)) string {
+	p := index("", list, i)
+	if _, dup := seen[name]; !dup && nameRE.MatchString(name) {
+		v.label(p, "", fmt.Sprintf("%s %q", label, name))
+	}
+	check(p)
+	v.uniqueName(seen, p, kind, list, name, i)
+	return p
+}
+
 func (v *validator) config(c *Config) {
 	if c.Version != DefaultVersion {
 		v.errorf("version", ErrInvalid, "unsupported version %d (this srpd reads version %d)", c.Version, DefaultVersion)
@@ -266,12 +279,7 @@ func (v *validator) config(c *Config) {
 	transports := map[string]int{}
 	for i := range c.Transports {
 		t := &c.Transports[i]
-		p := index("", "transports", i)
-		if _, dup := transports[t.Name]; !dup && nameRE.MatchString(t.Name) {
-			v.label(p, "", fmt.Sprintf("transport %q", t.Name))
-		}
-		v.transport(p, t)
-		v.uniqueName(transports, p, "transport", "transports", t.Name, i)
+		v.entry(transports, "transports", "transport", "transport", t.Name, i, func(p string) { v.transport(p, t) })
 	}
 	if len(c.Transports) == 0 && (len(c.Targets) > 0 || len(c.Sessions) > 0) {
 		v.errorf("transports", ErrMissing, "at least one transport is required for targets and sessions")
@@ -296,12 +304,7 @@ func (v *validator) config(c *Config) {
 	paths := map[string]string{}
 	for i := range c.Targets {
 		t := &c.Targets[i]
-		p := index("", "targets", i)
-		if _, dup := targets[t.Name]; !dup && nameRE.MatchString(t.Name) {
-			v.label(p, "", fmt.Sprintf("target %q", t.Name))
-		}
-		v.target(p, t)
-		v.uniqueName(targets, p, "target", "targets", t.Name, i)
+		p := v.entry(targets, "targets", "target", "target", t.Name, i, func(p string) { v.target(p, t) })
 		tr := checkRef(join(p, "transport"), t.Transport)
 		if !t.PortID.IsZero() {
 			key := t.Transport + "/" + t.PortID.String()
@@ -352,12 +355,7 @@ func (v *validator) config(c *Config) {
 	sockets := map[string]string{c.Control.Socket: "control.socket"}
 	for i := range c.Sessions {
 		s := &c.Sessions[i]
-		p := index("", "sessions", i)
-		if _, dup := sessions[s.Name]; !dup && nameRE.MatchString(s.Name) {
-			v.label(p, "", fmt.Sprintf("session %q", s.Name))
-		}
-		v.session(p, s)
-		v.uniqueName(sessions, p, "session", "sessions", s.Name, i)
+		p := v.entry(sessions, "sessions", "session", "session", s.Name, i, func(p string) { v.session(p, s) })
 		checkRef(join(p, "transport"), s.Transport)
 		if !s.TargetPortID.IsZero() {
 			// ib_srp refuses a second login with the same target port and initiator_ext
@@ -387,12 +385,7 @@ func (v *validator) config(c *Config) {
 	member := map[string]string{}
 	for i := range c.Multipath {
 		m := &c.Multipath[i]
-		p := index("", "multipath", i)
-		if _, dup := groups[m.Name]; !dup && nameRE.MatchString(m.Name) {
-			v.label(p, "", fmt.Sprintf("multipath %q", m.Name))
-		}
-		v.name(join(p, "name"), m.Name)
-		v.uniqueName(groups, p, "multipath group", "multipath", m.Name, i)
+		p := v.entry(groups, "multipath", "multipath", "multipath group", m.Name, i, func(p string) { v.name(join(p, "name"), m.Name) })
 		if len(m.Sessions) < 2 {
 			v.errorf(join(p, "sessions"), ErrMissing, "a multipath group needs two or more sessions (one per target port)")
 		}

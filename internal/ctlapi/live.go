@@ -54,13 +54,9 @@ func (h *handler) liveService() (LiveService, error) {
 }
 
 func (h *handler) updateLUN(w http.ResponseWriter, r *http.Request, q query) error {
-	target, opts, err := targetMutation(r, q)
+	target, id, opts, err := lunMutation(r, q)
 	if err != nil {
 		return err
-	}
-	id, err := strconv.Atoi(r.PathValue("lun"))
-	if err != nil || id < 0 || id > config.MaxLUNID {
-		return badRequest("LUN %q: want a number between 0 and %d", r.PathValue("lun"), config.MaxLUNID)
 	}
 	var u LUNUpdate
 	if err := decodeObject(w, r, "LUN update", &u); err != nil {

@@ -281,6 +281,20 @@ func targetMutation(r *http.Request, q query) (string, MutateOptions, error) {
 	return target, opts, err
 }
 
+// lunMutation is targetMutation for a route that names a LUN too: the target, the LUN number
+// and the options.
+func lunMutation(r *http.Request, q query) (string, int, MutateOptions, error) {
+	target, opts, err := targetMutation(r, q)
+	if err != nil {
+		return "", 0, opts, err
+	}
+	id, err := strconv.Atoi(r.PathValue("lun"))
+	if err != nil || id < 0 || id > config.MaxLUNID {
+		return "", 0, opts, badRequest("LUN %q: want a number between 0 and %d", r.PathValue("lun"), config.MaxLUNID)
+	}
+	return target, id, opts, nil
+}
+
 func (h *handler) status(w http.ResponseWriter, r *http.Request, _ query) error {
 	st, err := h.svc.Status(r.Context())
 	return ok(w, st, err)
@@ -355,13 +369,9 @@ func (h *handler) addLUN(w http.ResponseWriter, r *http.Request, q query) error 
 }
 
 func (h *handler) removeLUN(w http.ResponseWriter, r *http.Request, q query) error {
-	target, opts, err := targetMutation(r, q)
+	target, id, opts, err := lunMutation(r, q)
 	if err != nil {
 		return err
-	}
-	id, err := strconv.Atoi(r.PathValue("lun"))
-	if err != nil || id < 0 || id > config.MaxLUNID {
-		return badRequest("LUN %q: want a number between 0 and %d", r.PathValue("lun"), config.MaxLUNID)
 	}
 	return noContent(w, h.svc.RemoveLUN(r.Context(), target, id, opts))
 }

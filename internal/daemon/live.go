@@ -328,14 +328,5 @@ func (d *Daemon) UpdateACL(ctx context.Context, target string, a config.ACL, opt
 	if err != nil {
 		return nil, err
 	}
-	acls, err := d.ListACLs(ctx, target)
-	if err != nil {
-		return nil, err
-	}
-	for _, ai := range acls {
-		if ai.Initiator == a.Initiator {
-			return &ai, nil
-		}
-	}
-	return nil, notFound("ACL", a.Initiator.String())
+	return d.aclInfo(ctx, target, a.Initiator)
 }

@@ -237,16 +237,21 @@ func (d *Daemon) AddACL(ctx context.Context, target string, a config.ACL, opts c
 	if err := d.mutate(ctx, opts.Persist, func(c *config.Config) error { return c.AddACL(target, a) }, d.targetUp(target)); err != nil {
 		return nil, err
 	}
+	return d.aclInfo(ctx, target, a.Initiator)
+}
+
+// aclInfo is the ACL of initiator ini on target as ListACLs shows it.
+func (d *Daemon) aclInfo(ctx context.Context, target string, ini config.InitiatorID) (*ctlapi.ACLInfo, error) {
 	acls, err := d.ListACLs(ctx, target)
 	if err != nil {
 		return nil, err
 	}
 	for _, ai := range acls {
-		if ai.Initiator == a.Initiator {
+		if ai.Initiator == ini {
 			return &ai, nil
 		}
 	}
-	return nil, notFound("ACL", a.Initiator.String())
+	return nil, notFound("ACL", ini.String())
 }
 
 // RemoveACL implements ctlapi.Service.

@@ -74,8 +74,11 @@ func (r *RAM) Info() Info {
 }
 
 // ReadAt reads len(p) bytes at off. Never-written chunks read as zeroes without allocating.
-func (r *RAM) ReadAt(p []byte, off int64) (int, error) {
-	if err := r.check("read", off, int64(len(p)), false); err != nil {
+func (r *RAM) ReadAt(p []byte, off int64) (int, error) { return r.access("read", p, off, false) }
+
+// access copies between p and the chunks that [off, off+len(p)) spans.
+func (r *RAM) access(op string, p []byte, off int64, write bool) (int, error) {
+	if err := r.check(op, off, int64(len(p)), write); err != nil {
 		return 0, err
 	}
 	done := 0
@@ -83,7 +86,11 @@ func (r *RAM) ReadAt(p []byte, off int64) (int, error) {
 		pos := off + int64(done)
 		i, o := pos>>ramChunkShift, int(pos&(ramChunkSize-1))
 		m := min(len(p)-done, ramChunkSize-o)
-		r.readChunk(i, o, p[done:done+m])
+		if write {
+			r.writeChunk(i, o, p[done:done+m])
+		} else {
+			r.readChunk(i, o, p[done:done+m])
+		}
 		done += m
 	}
 	return done, nil
@@ -107,20 +114,7 @@ func (r *RAM) readChunk(i int64, o int, dst []byte) {
 }
 
 // WriteAt writes len(p) bytes at off, allocating the chunks it touches for the first time.
-func (r *RAM) WriteAt(p []byte, off int64) (int, error) {
-	if err := r.check("write", off, int64(len(p)), true); err != nil {
-		return 0, err
-	}
-	done := 0
-	for done < len(p) {
-		pos := off + int64(done)
-		i, o := pos>>ramChunkShift, int(pos&(ramChunkSize-1))
-		m := min(len(p)-done, ramChunkSize-o)
-		r.writeChunk(i, o, p[done:done+m])
-		done += m
-	}
-	return done, nil
-}
+func (r *RAM) WriteAt(p []byte, off int64) (int, error) { return r.access("write", p, off, true) }
 
 func (r *RAM) writeChunk(i int64, o int, src []byte) {
 	for {

@@ -255,7 +255,7 @@ func classifyOpenError(err error) error {
 		return &openKind{err, ctlapi.ErrConflict}
 	case errors.Is(err, backend.ErrNotRegularFile), errors.Is(err, backend.ErrNotBlockDevice),
 		errors.Is(err, backend.ErrWouldShrink), errors.Is(err, backend.ErrInvalidSize),
-		errors.Is(err, backend.ErrReadOnly), errors.Is(err, fs.ErrNotExist):
+		errors.Is(err, backend.ErrReadOnly), errors.Is(err, fs.ErrNotExist), errors.Is(err, backend.ErrNoExclusiveLock):
 		return &openKind{err, ctlapi.ErrInvalidArgument}
 	}
 	return err

@@ -23,6 +23,9 @@ var (
 	// ErrSymlink: FileOptions.NoSymlinks or BlockDevOptions.NoSymlinks is set and the path is a
 	// symbolic link, or has one among its directories.
 	ErrSymlink = errors.New("backend: symbolic link refused")
+	// ErrNoExclusiveLock: OpenRBD with RBDOptions.ManagedLock on an image without the
+	// exclusive-lock feature, which the managed lock (and so fencing) needs.
+	ErrNoExclusiveLock = errors.New("backend: image has no exclusive-lock feature")
 )
 
 // inRange reports whether [off, off+n) lies inside [0, size), computed without overflow. An empty

@@ -9,6 +9,7 @@ package backend
 #include <stdlib.h>
 #include <unistd.h>
 #include <rbd/librbd.h>
+#include <rbd/features.h>
 
 // What a completion (or the image's update watch) tells the Go side: one record per event,
 // written into a pipe by librbd's callback threads and read by RBD.poll. 16 bytes, less than
@@ -318,6 +319,16 @@ func openRBD(opts RBDOptions) (_ *RBD, err error) {
 	}
 	r.size.Store(size)
 	r.info = Info{Kind: "rbd", Path: name, ReadOnly: opts.ReadOnly, CanDiscard: true, DiscardZeroes: true}
+	if r.managed {
+		var features C.uint64_t
+		if ret := C.rbd_get_features(r.img, &features); ret < 0 {
+			return fail("rbd_get_features", syscall.Errno(-ret))
+		}
+		if features&C.RBD_FEATURE_EXCLUSIVE_LOCK == 0 {
+			return fail("managed exclusive lock", fmt.Errorf("%w: enable it (rbd feature enable %s exclusive-lock) "+
+				"or export the image with exclusive_lock: auto, which does not fence", ErrNoExclusiveLock, name))
+		}
+	}
 
 	r.slots = make([]rbdSlot, depth)
 	r.free = make(chan *rbdSlot, depth)

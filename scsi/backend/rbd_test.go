@@ -504,3 +504,35 @@ func TestRBDManagedLockFencing(t *testing.T) {
 		t.Fatalf("B after a stale Resume: %v, want ErrFenced", err)
 	}
 }
+
+// TestRBDManagedLockNeedsFeature: the managed lock on an image created without the
+// exclusive-lock feature is refused at open (ErrNoExclusiveLock, naming the fix), not left to
+// fail every I/O later; librbd's automatic mode opens it.
+func TestRBDManagedLockNeedsFeature(t *testing.T) {
+	c := testCluster(t)
+	name := fmt.Sprintf("nolock.%d", imageSeq.Add(1))
+	ro := rbd.NewRbdImageOptions()
+	defer ro.Destroy()
+	if err := ro.SetUint64(rbd.ImageOptionFeatures, rbd.FeatureLayering); err != nil {
+		t.Fatal(err)
+	}
+	if err := rbd.CreateImage(c.ioctx, name, 1<<20, ro); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rbd.RemoveImage(c.ioctx, name) })
+	o := c.opts(name)
+	o.ManagedLock = true
+	b, err := OpenRBD(o)
+	if err == nil {
+		b.Close()
+		t.Fatal("OpenRBD with the managed lock succeeded on an image without exclusive-lock")
+	}
+	if !errors.Is(err, ErrNoExclusiveLock) || !strings.Contains(err.Error(), "rbd feature enable") {
+		t.Fatalf("OpenRBD = %v; want ErrNoExclusiveLock naming the fix", err)
+	}
+	o.ManagedLock = false
+	a := c.open(t, o)
+	if _, err := a.WriteAt(make([]byte, 512), 0); err != nil {
+		t.Fatalf("automatic mode: %v", err)
+	}
+}

@@ -227,7 +227,10 @@ test-verbs:
 # and srpd serves an rbd LUN through its own initiator's NBD export, and two srpd gateways on one
 # image fail over (cmd/srpd TestRBDMultipathFailover); the cluster is stopped and
 # its directory removed whatever happens. Needs ceph-mon ceph-osd ceph-common librbd-dev
-# librados-dev (Debian 12, 16.2 pacific) and a C compiler; .ci/run installs them.
+# librados-dev (Debian 12, 16.2 pacific) and a C compiler; .ci/run installs them. The packages
+# run one after the other (-p 1): several of them export the cluster's one test image
+# (SRPD_CEPH_IMAGE), and with the managed exclusive lock (the default) two of them writing at
+# once would fence each other, as two live gateways would.
 CEPH_TIMEOUT ?= 10m
 .PHONY: test-ceph
 test-ceph:
@@ -235,5 +238,5 @@ test-ceph:
 	@dir=$$(mktemp -d "$${TMPDIR:-/tmp}/srpd-ceph.XXXXXX") || exit 1; \
 	trap './scripts/ceph-cluster.sh stop "$$dir"' EXIT; trap 'exit 130' INT TERM; \
 	cephenv=$$(./scripts/ceph-cluster.sh start "$$dir") || exit 1; eval "$$cephenv"; \
-	CGO_ENABLED=1 $(GO) test -tags rbd -race -count=1 -v -timeout $(CEPH_TIMEOUT) -run 'RBD' \
+	CGO_ENABLED=1 $(GO) test -tags rbd -race -count=1 -p 1 -v -timeout $(CEPH_TIMEOUT) -run 'RBD' \
 		./scsi/backend/ ./internal/daemon/ ./internal/stack/ ./cmd/srpd/

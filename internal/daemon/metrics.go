@@ -251,6 +251,12 @@ func (d *Daemon) collect(e *emitter) {
 			lr := t.luns[id]
 			ls := strconv.Itoa(id)
 			e.gauge("srpd_target_lun_capacity_bytes", "LUN capacity.", float64(lr.Capacity), "target", name, "lun", ls)
+			if owned, fences, ok := lr.LockState(); ok {
+				e.gauge("srpd_target_lun_lock_owner", "1 when this gateway owns the LUN's exclusive lock (an RBD image with the managed lock).",
+					b2f(owned), "target", name, "lun", ls)
+				e.counter("srpd_target_lun_fences_total", "Times another gateway took the LUN's exclusive lock over, fencing this one.",
+					fences, "target", name, "lun", ls)
+			}
 			e.lunStats(name, ls, t.lunStats(lr))
 			for _, op := range []struct {
 				n string
@@ -357,4 +363,12 @@ func sortedKeys[K int | string, V any](m map[K]V) []K {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
+}
+
+// b2f is a boolean gauge's value.
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,6 +112,13 @@ control:
 		t.Fatal("the image does not hold what was written through the NBD export")
 	}
 	t.Logf("1 MiB at %d written and read back through srpd (target, initiator, NBD) on rbd %s/%s", off, pool, image)
+	// The managed exclusive lock (the default) is this gateway's now, and nobody fenced it.
+	m := scrape(t, h.d)
+	for _, want := range []string{`srpd_target_lun_lock_owner{lun="0",target="a"} 1`, `srpd_target_lun_fences_total{lun="0",target="a"} 0`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
 }
 
 // nbdDo sends one NBD request (typ: 0 read, 1 write, 3 flush) and checks its simple reply; a

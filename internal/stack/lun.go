@@ -101,6 +101,18 @@ func rbdResized(ref *atomic.Pointer[scsi.LUN]) {
 	}
 }
 
+// LockState is the state of the exclusive lock of a LUN whose backend several gateways share
+// under one (an RBD image with the managed lock): whether this gateway owns it and how many
+// times it was fenced (another gateway took the lock over). ok is false for other LUNs.
+func (l *LUN) LockState() (owned bool, fences uint64, ok bool) {
+	f, isF := l.raw.(backend.Fenceable)
+	o, isO := l.raw.(interface{ LockOwned() bool })
+	if !isF || !isO {
+		return false, 0, false
+	}
+	return o.LockOwned(), f.FenceEpoch(), true
+}
+
 // Size is the capacity in bytes now.
 func (l *LUN) Size() int64 { return int64(l.SCSI.Blocks()) * int64(l.SCSI.BlockSize()) }
 

@@ -658,6 +658,10 @@ func (r *RBD) waitBack(op string) error {
 	return fmt.Errorf("backend rbd %s: %s: %w", r.name, op, ErrFenced)
 }
 
+// LockOwned reports whether this client owns the managed exclusive lock, as last seen (false
+// without the managed lock).
+func (r *RBD) LockOwned() bool { return r.owner.Load() }
+
 // FenceEpoch implements Fenceable: the number of fences learnt of so far.
 func (r *RBD) FenceEpoch() uint64 { return r.epoch.Load() }
 

@@ -114,6 +114,9 @@ type LUN struct {
 	dsense     atomic.Bool // control page D_SENSE
 	stopped    atomic.Bool // START STOP UNIT with START=0
 	closed     atomic.Bool
+	// aborters are the transport's task aborters (SetTaskAborter), by owner.
+	abortMu  sync.Mutex
+	aborters map[any]func(match func(*Nexus) bool)
 
 	tasks   taskSet
 	locks   rangeLock

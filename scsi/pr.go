@@ -9,8 +9,9 @@ import (
 
 // Persistent reservations (SPC-4 5.9, 6.15, 6.16), keyed by I_T nexus. Registrations and the
 // reservation live in memory only: APTPL, SPEC_I_PT, ALL_TG_PT and REGISTER AND MOVE are not
-// supported (REPORT CAPABILITIES says so). PREEMPT AND ABORT behaves as PREEMPT; aborting the
-// preempted nexuses' tasks is left to the target's task management.
+// supported (REPORT CAPABILITIES says so). PREEMPT AND ABORT also aborts every task of the
+// preempted nexuses (SPC-4 5.9.11.5) through the transport's task aborters
+// (LUN.SetTaskAborter), on every gateway of a shared unit (prstore.go).
 type prState struct {
 	mu     sync.Mutex
 	active atomic.Bool // a reservation exists (or may, stale): commands must be checked
@@ -29,6 +30,11 @@ type prState struct {
 	log    []prUA
 	uaSeen uint64
 	loaded bool
+	// aborting: the PR OUT being applied is PREEMPT AND ABORT (its preempted nexuses' tasks
+	// are aborted once it is committed). due: nexuses whose tasks are to be aborted, by the
+	// holder of mu once it has let go of it (prUnlock).
+	aborting bool
+	due      []Nexus
 }
 
 // prUA is a unit attention owed to a nexus because of a persistent reservation change.
@@ -43,13 +49,68 @@ func (l *LUN) prUA(n *Nexus, c uaCode) {
 	l.pr.pend = append(l.pr.pend, prUA{nexus: *n, code: c})
 }
 
-// prFlushUAs establishes the pending unit attentions here (the change is committed).
+// prFlushUAs establishes the pending unit attentions here (the change is committed), and for
+// PREEMPT AND ABORT makes the preempted nexuses' tasks due for abort.
 func (l *LUN) prFlushUAs() {
 	p := &l.pr
 	for i := range p.pend {
 		l.ua.establish(&p.pend[i].nexus, p.pend[i].code)
+		if p.aborting && p.pend[i].code == uaRegistrationsPreem {
+			p.due = append(p.due, p.pend[i].nexus)
+		}
 	}
 	p.pend = p.pend[:0]
+	p.aborting = false
+}
+
+// prUnlock releases pr.mu, then aborts the tasks of the nexuses that became due meanwhile
+// (outside pr.mu: the transport's aborter takes its own locks).
+func (l *LUN) prUnlock() {
+	p := &l.pr
+	due := p.due
+	p.due = nil
+	p.mu.Unlock()
+	if len(due) > 0 {
+		l.abortTasks(due)
+	}
+}
+
+// SetTaskAborter registers (f not nil) or removes (nil) the transport owner's way of aborting
+// commands in this LUN's task set: f aborts, as task management would (no status for them),
+// every command whose I_T nexus match selects. The device server uses it for PERSISTENT RESERVE
+// OUT PREEMPT AND ABORT. A target registers one per queue of the LUN.
+func (l *LUN) SetTaskAborter(owner any, f func(match func(*Nexus) bool)) {
+	l.abortMu.Lock()
+	defer l.abortMu.Unlock()
+	if f == nil {
+		delete(l.aborters, owner)
+		return
+	}
+	if l.aborters == nil {
+		l.aborters = map[any]func(func(*Nexus) bool){}
+	}
+	l.aborters[owner] = f
+}
+
+// abortTasks aborts the tasks of the nexuses ns through every registered aborter.
+func (l *LUN) abortTasks(ns []Nexus) {
+	l.abortMu.Lock()
+	fs := make([]func(func(*Nexus) bool), 0, len(l.aborters))
+	for _, f := range l.aborters {
+		fs = append(fs, f)
+	}
+	l.abortMu.Unlock()
+	match := func(n *Nexus) bool {
+		for i := range ns {
+			if ns[i] == *n {
+				return true
+			}
+		}
+		return false
+	}
+	for _, f := range fs {
+		f(match)
+	}
 }
 
 type prReg struct {
@@ -114,7 +175,7 @@ func (l *LUN) prAllows(n *Nexus, c *cmdInfo, cdb []byte) bool {
 	}
 	p := &l.pr
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer l.prUnlock()
 	if l.prStore != nil {
 		// Another gateway changed the state: read it (a store that cannot be read leaves the
 		// last state in force; the next command tries again).
@@ -138,7 +199,7 @@ func (l *LUN) prAllows(n *Nexus, c *cmdInfo, cdb []byte) bool {
 func (x *exec) persistentReserveIn() Status {
 	p := &x.l.pr
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer x.l.prUnlock()
 	if _, _, err := x.l.prSync(context.Background(), true); err != nil {
 		return x.check(senseInternalTargetFailure)
 	}
@@ -225,11 +286,12 @@ func (x *exec) persistentReserveOut() Status {
 
 	p := &l.pr
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer l.prUnlock()
 	if l.prStore != nil {
 		return x.prOutShared(context.Background(), func() Status { return x.prOutLocked(n, sa, key, saKey, typ) })
 	}
 	p.pend = p.pend[:0]
+	p.aborting = false
 	st := x.prOutLocked(n, sa, key, saKey, typ)
 	l.prFlushUAs()
 	return st
@@ -298,6 +360,7 @@ func (x *exec) prOutLocked(n *Nexus, sa uint8, key, saKey uint64, typ uint8) Sta
 		p.gen++
 		return x.good()
 	case PROutPreempt, PROutPreemptAndAbort:
+		p.aborting = sa == PROutPreemptAndAbort
 		return x.preempt(idx, saKey, typ)
 	}
 	return x.check(invalidCDB(1, 4))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"sync"
 	"testing"
 )
 
@@ -393,4 +394,66 @@ func TestPRSurvivesReset(t *testing.T) {
 	clearUA(t, l, nexC)
 	clearUA(t, l, nexO)
 	runSteps(t, l, []prStep{readResv(0xA, prTypeExclusiveAccess), access(nexC, rd, rc())})
+}
+
+// abortLog records what a LUN's task aborter was asked to abort.
+type abortLog struct {
+	mu    sync.Mutex
+	calls [][]Nexus // per call, which of the probed nexuses matched
+	probe []Nexus
+}
+
+func (a *abortLog) aborter(match func(*Nexus) bool) {
+	var hit []Nexus
+	for i := range a.probe {
+		if match(&a.probe[i]) {
+			hit = append(hit, a.probe[i])
+		}
+	}
+	a.mu.Lock()
+	a.calls = append(a.calls, hit)
+	a.mu.Unlock()
+}
+
+func (a *abortLog) take() [][]Nexus {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.calls
+	a.calls = nil
+	return c
+}
+
+// TestPRPreemptAndAbort: PREEMPT AND ABORT has the transport abort every task of the
+// preempted nexuses (SPC-4 5.9.11.5), and only theirs; PREEMPT aborts nothing; an aborter
+// removed is not called.
+func TestPRPreemptAndAbort(t *testing.T) {
+	l := prLUN(t)
+	log := &abortLog{probe: []Nexus{nexA, nexB, nexC}}
+	l.SetTaskAborter(log, log.aborter)
+	runSteps(t, l, []prStep{
+		register(nexA, 0, 0xA),
+		register(nexB, 0, 0xB),
+		register(nexC, 0, 0xC),
+		reserve(nexB, 0xB, prTypeWriteExclusive, good()),
+		{n: nexA, cdb: cdbPROut(PROutPreempt, prTypeWriteExclusive), out: prParams(0xA, 0xC), want: good()},
+	})
+	if c := log.take(); len(c) != 0 {
+		t.Fatalf("PREEMPT aborted tasks: %v", c)
+	}
+	runSteps(t, l, []prStep{
+		{n: nexA, cdb: cdbPROut(PROutPreemptAndAbort, prTypeExclusiveAccess), out: prParams(0xA, 0xB), want: good()},
+		readResv(0xA, prTypeExclusiveAccess),
+		ua(nexB, 0x2A, 0x05),
+	})
+	if c := log.take(); len(c) != 1 || len(c[0]) != 1 || c[0][0] != nexB {
+		t.Fatalf("PREEMPT AND ABORT of B's key: aborter calls %v, want one matching B only", c)
+	}
+	l.SetTaskAborter(log, nil)
+	runSteps(t, l, []prStep{
+		register(nexB, 0, 0xB),
+		{n: nexA, cdb: cdbPROut(PROutPreemptAndAbort, prTypeExclusiveAccess), out: prParams(0xA, 0xB), want: good()},
+	})
+	if c := log.take(); len(c) != 0 {
+		t.Fatalf("a removed aborter was called: %v", c)
+	}
 }

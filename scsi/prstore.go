@@ -23,7 +23,9 @@ import (
 // PREEMPTED, RESERVATIONS RELEASED, REGISTRATIONS PREEMPTED) go into the stored state too, as
 // a log of the newest prUALogMax entries numbered in sequence: a gateway that reads the state
 // establishes the entries it has not seen for the nexuses it knows (those that logged in
-// through it), so a PREEMPT through one gateway reaches a nexus of another.
+// through it), so a PREEMPT through one gateway reaches a nexus of another. PREEMPT AND ABORT
+// logs an abort entry (prAbortTasks) per preempted nexus too: every gateway aborts that
+// nexus's tasks when it reads the entry.
 
 // PRStore keeps a LUN's persistent reservation state for every gateway of the unit.
 type PRStore interface {
@@ -93,9 +95,13 @@ func (p *prState) encode() []byte {
 	return b
 }
 
-// prLoggedUA: the unit attentions the log may carry.
+// prAbortTasks marks a log entry that is no unit attention: PREEMPT AND ABORT preempted the
+// entry's nexus, whose tasks every gateway aborts.
+const prAbortTasks uaCode = 0xFF01
+
+// prLoggedUA: the codes the log may carry.
 func prLoggedUA(c uaCode) bool {
-	return c == uaReservationsPreemp || c == uaReservationsRel || c == uaRegistrationsPreem
+	return c == uaReservationsPreemp || c == uaReservationsRel || c == uaRegistrationsPreem || c == prAbortTasks
 }
 
 // decodePR reads a stored state into p (its registrations, reservation and unit attention
@@ -191,8 +197,12 @@ func (l *LUN) deliverLogged() {
 		if u.seq <= p.uaSeen {
 			continue
 		}
-		target := u.nexus
-		l.ua.establishWhere(u.code, func(n *Nexus) bool { return *n == target })
+		if u.code == prAbortTasks {
+			p.due = append(p.due, u.nexus) // aborted once pr.mu is let go (prUnlock)
+		} else {
+			target := u.nexus
+			l.ua.establishWhere(u.code, func(n *Nexus) bool { return *n == target })
+		}
 		p.uaSeen = u.seq
 	}
 }
@@ -223,7 +233,7 @@ func (l *LUN) prSync(ctx context.Context, force bool) (uint64, []byte, error) {
 func (l *LUN) prRefresh() {
 	l.pr.mu.Lock()
 	_, _, _ = l.prSync(context.Background(), false)
-	l.pr.mu.Unlock()
+	l.prUnlock()
 }
 
 // prOutShared runs a PR OUT (apply, with pr.mu held) against the shared store: read, apply,
@@ -232,22 +242,27 @@ func (x *exec) prOutShared(ctx context.Context, apply func() Status) Status {
 	l := x.l
 	p := &l.pr
 	for range prStoreTries {
-		p.pend = p.pend[:0]
+		p.pend, p.aborting = p.pend[:0], false
 		ver, old, err := l.prSync(ctx, true)
 		if err != nil {
 			return x.check(senseInternalTargetFailure)
 		}
 		st := apply()
 		if st != StatusGood {
-			p.pend = p.pend[:0] // nothing was stored: nothing is owed
+			p.pend, p.aborting = p.pend[:0], false // nothing was stored: nothing is owed
 			return st
 		}
-		// The unit attentions this change owes go into the log with the change itself.
+		// The unit attentions this change owes go into the log with the change itself, and
+		// for PREEMPT AND ABORT the preempted nexuses, whose tasks every gateway aborts.
 		seq := p.uaLogSeq()
 		for _, u := range p.pend {
 			seq++
 			u.seq = seq
 			p.log = append(p.log, u)
+			if p.aborting && u.code == uaRegistrationsPreem {
+				seq++
+				p.log = append(p.log, prUA{seq: seq, nexus: u.nexus, code: prAbortTasks})
+			}
 		}
 		if k := len(p.log) - prUALogMax; k > 0 {
 			p.log = append(p.log[:0], p.log[k:]...)

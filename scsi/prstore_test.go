@@ -258,3 +258,48 @@ func TestSharedPRUnitAttentions(t *testing.T) {
 		t.Fatalf("stored log %+v, %v", st.log, err)
 	}
 }
+
+// TestSharedPRPreemptAndAbort: PREEMPT AND ABORT through one gateway aborts the preempted
+// nexus's tasks on the other gateway too (the log's abort entry), once, when that gateway next
+// reads the shared state (its next command).
+func TestSharedPRPreemptAndAbort(t *testing.T) {
+	store := &memPRStore{}
+	a, _ := newTestLUN(t, LUNConfig{Serial: "S1", ALUA: gatewayALUA(1), PRStore: store})
+	b, _ := newTestLUN(t, LUNConfig{Serial: "S1", ALUA: gatewayALUA(2), PRStore: store})
+	i1a := Nexus{InitiatorPortID: [16]byte{0xA1}, TargetPortID: [16]byte{1}}
+	i2b := Nexus{InitiatorPortID: [16]byte{0xA2}, TargetPortID: [16]byte{2}}
+	i3b := Nexus{InitiatorPortID: [16]byte{0xA3}, TargetPortID: [16]byte{2}}
+	logA := &abortLog{probe: []Nexus{i1a, i2b, i3b}}
+	logB := &abortLog{probe: []Nexus{i1a, i2b, i3b}}
+	a.SetTaskAborter(logA, logA.aborter)
+	b.SetTaskAborter(logB, logB.aborter)
+	clearUA(t, a, i1a)
+	clearUA(t, b, i2b)
+	clearUA(t, b, i3b)
+	runSteps(t, b, []prStep{
+		{n: i2b, cdb: cdbPROut(PROutRegister, 0), out: prParams(0, 0x22), want: good()},
+		{n: i2b, cdb: cdbPROut(PROutReserve, prTypeWriteExclusive), out: prParams(0x22, 0), want: good()},
+	})
+	runSteps(t, a, []prStep{
+		{n: i1a, cdb: cdbPROut(PROutRegister, 0), out: prParams(0, 0x11), want: good()},
+		{n: i1a, cdb: cdbPROut(PROutPreemptAndAbort, prTypeWriteExclusive), out: prParams(0x11, 0x22), want: good()},
+	})
+	if c := logA.take(); len(c) != 1 || len(c[0]) != 1 || c[0][0] != i2b {
+		t.Fatalf("gateway 1's aborter: %v, want one call matching i2b", c)
+	}
+	if c := logB.take(); len(c) != 0 {
+		t.Fatalf("gateway 2 aborted before reading the state: %v", c)
+	}
+	r, _ := do(b, i3b, cdbTUR(), nil, 0) // any command makes gateway 2 read the state
+	wantGood(t, r)
+	if c := logB.take(); len(c) != 1 || len(c[0]) != 1 || c[0][0] != i2b {
+		t.Fatalf("gateway 2's aborter: %v, want one call matching i2b", c)
+	}
+	r, _ = do(b, i2b, cdbTUR(), nil, 0)
+	wantSense(t, r, UnitAttention, 0x2A, 0x05)
+	r, _ = do(b, i3b, cdbTUR(), nil, 0)
+	wantGood(t, r)
+	if c := logB.take(); len(c) != 0 {
+		t.Fatalf("gateway 2 aborted again: %v", c)
+	}
+}

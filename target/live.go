@@ -259,6 +259,7 @@ func (t *Target) DrainLUN(ctx context.Context, l *scsi.LUN) error {
 			t.mu.Lock()
 			if t.queues[l] == q {
 				delete(t.queues, l)
+				l.SetTaskAborter(q, nil)
 			}
 			t.mu.Unlock()
 			return nil

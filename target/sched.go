@@ -67,8 +67,20 @@ type lunQueue struct {
 const workerLinger = 100 * time.Millisecond
 
 func newLUNQueue(t *Target, l *scsi.LUN) *lunQueue {
-	return &lunQueue{t: t, lun: l, max: t.limits().LUNWorkers, fast: !t.limits().NoInline && fastLUN(l),
+	q := &lunQueue{t: t, lun: l, max: t.limits().LUNWorkers, fast: !t.limits().NoInline && fastLUN(l),
 		kick: make(chan struct{}, t.limits().LUNWorkers)}
+	if l != nil {
+		// PERSISTENT RESERVE OUT PREEMPT AND ABORT aborts the preempted nexuses' commands here
+		// (on any gateway of the unit): as task management would, without status.
+		l.SetTaskAborter(q, q.abortNexuses)
+	}
+	return q
+}
+
+// abortNexuses aborts the queue's commands whose I_T nexus match selects (scsi.LUN's task
+// aborter).
+func (q *lunQueue) abortNexuses(match func(*scsi.Nexus) bool) {
+	q.abort(func(c *ioCtx) bool { return match(&c.cmd.Nexus) }, nil)
 }
 
 // fastLUN tells whether l's commands may execute inline (see lunQueue), which may be on the

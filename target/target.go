@@ -492,10 +492,15 @@ func (t *Target) Close(ctx context.Context) error {
 	}()
 	select {
 	case <-done:
-		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	t.mu.Lock()
+	for l, q := range t.queues {
+		l.SetTaskAborter(q, nil) // the LUN may outlive the target (a live restart keeps it)
+	}
+	t.mu.Unlock()
+	return nil
 }
 
 // Channel is a handle on an established channel.

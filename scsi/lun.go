@@ -116,7 +116,7 @@ type LUN struct {
 	closed     atomic.Bool
 	// aborters are the transport's task aborters (SetTaskAborter), by owner.
 	abortMu  sync.Mutex
-	aborters map[any]func(match func(*Nexus) bool)
+	aborters map[any]TaskAborter
 
 	tasks   taskSet
 	locks   rangeLock
@@ -525,7 +525,7 @@ func (x *exec) run() Status {
 	}
 	op := x.cdb[0]
 	if l.prStore != nil && l.pr.stale.Load() {
-		l.prRefresh() // another gateway's PR change may owe this nexus a unit attention
+		l.prRefresh(cmd) // another gateway's PR change may owe this nexus a unit attention
 	}
 	if k := opIndex[op]; k == 0 || commands[k-1].flags&cmdNoUA == 0 {
 		if c, ok := l.ua.take(&cmd.Nexus); ok {
@@ -543,7 +543,7 @@ func (x *exec) run() Status {
 	if c.flags&cmdMedia != 0 && l.stopped.Load() {
 		return x.check(senseNotReadyStopped)
 	}
-	if l.pr.active.Load() && !l.prAllows(&cmd.Nexus, c, x.cdb) {
+	if l.pr.active.Load() && !l.prAllows(cmd, c, x.cdb) {
 		return StatusReservationConflict
 	}
 	if c.flags&cmdWrite != 0 && l.readOnly.Load() {

@@ -64,22 +64,26 @@ func (l *LUN) prFlushUAs() {
 }
 
 // prUnlock releases pr.mu, then aborts the tasks of the nexuses that became due meanwhile
-// (outside pr.mu: the transport's aborter takes its own locks).
-func (l *LUN) prUnlock() {
+// (outside pr.mu: the transport's aborter takes its own locks), except self: the command
+// that read the abort from the shared state arrived after the PREEMPT AND ABORT.
+func (l *LUN) prUnlock(self *Command) {
 	p := &l.pr
 	due := p.due
 	p.due = nil
 	p.mu.Unlock()
 	if len(due) > 0 {
-		l.abortTasks(due)
+		l.abortTasks(due, self)
 	}
 }
 
+// TaskAborter aborts, as task management would (no status for them), every command in a
+// LUN's task set whose I_T nexus match selects, except the command except (nil: none).
+type TaskAborter func(match func(*Nexus) bool, except *Command)
+
 // SetTaskAborter registers (f not nil) or removes (nil) the transport owner's way of aborting
-// commands in this LUN's task set: f aborts, as task management would (no status for them),
-// every command whose I_T nexus match selects. The device server uses it for PERSISTENT RESERVE
-// OUT PREEMPT AND ABORT. A target registers one per queue of the LUN.
-func (l *LUN) SetTaskAborter(owner any, f func(match func(*Nexus) bool)) {
+// commands in this LUN's task set. The device server uses it for PERSISTENT RESERVE OUT
+// PREEMPT AND ABORT. A target registers one per queue of the LUN.
+func (l *LUN) SetTaskAborter(owner any, f TaskAborter) {
 	l.abortMu.Lock()
 	defer l.abortMu.Unlock()
 	if f == nil {
@@ -87,15 +91,15 @@ func (l *LUN) SetTaskAborter(owner any, f func(match func(*Nexus) bool)) {
 		return
 	}
 	if l.aborters == nil {
-		l.aborters = map[any]func(func(*Nexus) bool){}
+		l.aborters = map[any]TaskAborter{}
 	}
 	l.aborters[owner] = f
 }
 
-// abortTasks aborts the tasks of the nexuses ns through every registered aborter.
-func (l *LUN) abortTasks(ns []Nexus) {
+// abortTasks aborts the tasks of the nexuses ns but except through every registered aborter.
+func (l *LUN) abortTasks(ns []Nexus, except *Command) {
 	l.abortMu.Lock()
-	fs := make([]func(func(*Nexus) bool), 0, len(l.aborters))
+	fs := make([]TaskAborter, 0, len(l.aborters))
 	for _, f := range l.aborters {
 		fs = append(fs, f)
 	}
@@ -109,7 +113,7 @@ func (l *LUN) abortTasks(ns []Nexus) {
 		return false
 	}
 	for _, f := range fs {
-		f(match)
+		f(match, except)
 	}
 }
 
@@ -162,7 +166,8 @@ func (p *prState) clearReservation() {
 // prAllows reports whether a command of class c from n may run under the current
 // reservation (SPC-4 5.9.1 Table 59 and SBC-3 Table 13, for the I_T nexuses that do not hold
 // it).
-func (l *LUN) prAllows(n *Nexus, c *cmdInfo, cdb []byte) bool {
+func (l *LUN) prAllows(cmd *Command, c *cmdInfo, cdb []byte) bool {
+	n := &cmd.Nexus
 	class := c.pr
 	switch class {
 	case prAllowed, prOut:
@@ -175,7 +180,7 @@ func (l *LUN) prAllows(n *Nexus, c *cmdInfo, cdb []byte) bool {
 	}
 	p := &l.pr
 	p.mu.Lock()
-	defer l.prUnlock()
+	defer l.prUnlock(cmd)
 	if l.prStore != nil {
 		// Another gateway changed the state: read it (a store that cannot be read leaves the
 		// last state in force; the next command tries again).
@@ -199,7 +204,7 @@ func (l *LUN) prAllows(n *Nexus, c *cmdInfo, cdb []byte) bool {
 func (x *exec) persistentReserveIn() Status {
 	p := &x.l.pr
 	p.mu.Lock()
-	defer x.l.prUnlock()
+	defer x.l.prUnlock(x.cmd)
 	if _, _, err := x.l.prSync(context.Background(), true); err != nil {
 		return x.check(senseInternalTargetFailure)
 	}
@@ -286,7 +291,7 @@ func (x *exec) persistentReserveOut() Status {
 
 	p := &l.pr
 	p.mu.Lock()
-	defer l.prUnlock()
+	defer l.prUnlock(x.cmd)
 	if l.prStore != nil {
 		return x.prOutShared(context.Background(), func() Status { return x.prOutLocked(n, sa, key, saKey, typ) })
 	}

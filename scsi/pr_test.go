@@ -398,12 +398,16 @@ func TestPRSurvivesReset(t *testing.T) {
 
 // abortLog records what a LUN's task aborter was asked to abort.
 type abortLog struct {
-	mu    sync.Mutex
-	calls [][]Nexus // per call, which of the probed nexuses matched
-	probe []Nexus
+	mu      sync.Mutex
+	calls   [][]Nexus // per call, which of the probed nexuses matched
+	excepts []*Command
+	probe   []Nexus
 }
 
-func (a *abortLog) aborter(match func(*Nexus) bool) {
+func (a *abortLog) aborter(match func(*Nexus) bool, except *Command) {
+	a.mu.Lock()
+	a.excepts = append(a.excepts, except)
+	a.mu.Unlock()
 	var hit []Nexus
 	for i := range a.probe {
 		if match(&a.probe[i]) {

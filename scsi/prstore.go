@@ -230,10 +230,10 @@ func (l *LUN) prSync(ctx context.Context, force bool) (uint64, []byte, error) {
 // prRefresh reads the stored state again after another gateway changed it, delivering the
 // unit attentions it logged (a store that cannot be read leaves the last state in force; the
 // next command tries again).
-func (l *LUN) prRefresh() {
+func (l *LUN) prRefresh(self *Command) {
 	l.pr.mu.Lock()
 	_, _, _ = l.prSync(context.Background(), false)
-	l.prUnlock()
+	l.prUnlock(self)
 }
 
 // prOutShared runs a PR OUT (apply, with pr.mu held) against the shared store: read, apply,

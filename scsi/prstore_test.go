@@ -290,13 +290,21 @@ func TestSharedPRPreemptAndAbort(t *testing.T) {
 	if c := logB.take(); len(c) != 0 {
 		t.Fatalf("gateway 2 aborted before reading the state: %v", c)
 	}
-	r, _ := do(b, i3b, cdbTUR(), nil, 0) // any command makes gateway 2 read the state
-	wantGood(t, r)
+	// The preempted nexus's next command through gateway 2 makes it read the state: the
+	// commands it has there are aborted, but not this one, which came after the preemption
+	// and reports it.
+	cmd := &Command{CDB: cdbTUR(), Nexus: i2b, Sense: make([]byte, MaxSenseLen)}
+	wantSense(t, b.Execute(context.Background(), cmd), UnitAttention, 0x2A, 0x05)
 	if c := logB.take(); len(c) != 1 || len(c[0]) != 1 || c[0][0] != i2b {
 		t.Fatalf("gateway 2's aborter: %v, want one call matching i2b", c)
 	}
-	r, _ = do(b, i2b, cdbTUR(), nil, 0)
-	wantSense(t, r, UnitAttention, 0x2A, 0x05)
+	logB.mu.Lock()
+	if len(logB.excepts) != 1 || logB.excepts[0] != cmd {
+		t.Errorf("gateway 2's abort spared %v, want the command that read it", logB.excepts)
+	}
+	logB.mu.Unlock()
+	r, _ := do(b, i3b, cdbTUR(), nil, 0)
+	wantGood(t, r)
 	r, _ = do(b, i3b, cdbTUR(), nil, 0)
 	wantGood(t, r)
 	if c := logB.take(); len(c) != 0 {

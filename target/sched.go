@@ -77,10 +77,10 @@ func newLUNQueue(t *Target, l *scsi.LUN) *lunQueue {
 	return q
 }
 
-// abortNexuses aborts the queue's commands whose I_T nexus match selects (scsi.LUN's task
-// aborter).
-func (q *lunQueue) abortNexuses(match func(*scsi.Nexus) bool) {
-	q.abort(func(c *ioCtx) bool { return match(&c.cmd.Nexus) }, nil)
+// abortNexuses aborts the queue's commands whose I_T nexus match selects but except (the
+// scsi.LUN's TaskAborter).
+func (q *lunQueue) abortNexuses(match func(*scsi.Nexus) bool, except *scsi.Command) {
+	q.abort(func(c *ioCtx) bool { return &c.cmd != except && match(&c.cmd.Nexus) }, nil)
 }
 
 // fastLUN tells whether l's commands may execute inline (see lunQueue), which may be on the

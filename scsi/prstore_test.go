@@ -47,6 +47,16 @@ func (s *memPRStore) Watch(f func()) {
 	s.watchers = append(s.watchers, f)
 }
 
+// twoGateways returns a shared PR store and two LUNs over it, one unit through target ports 1
+// and 2 (two gateways).
+func twoGateways(t *testing.T) (*memPRStore, *LUN, *LUN) {
+	t.Helper()
+	store := &memPRStore{}
+	a, _ := newTestLUN(t, LUNConfig{Serial: "S1", ALUA: gatewayALUA(1), PRStore: store})
+	b, _ := newTestLUN(t, LUNConfig{Serial: "S1", ALUA: gatewayALUA(2), PRStore: store})
+	return store, a, b
+}
+
 // gatewayALUA: groups 1 (relative port 1) and 2 (relative port 2), both active/optimized; the
 // LUN's own port is port {p} with relative port p.
 func gatewayALUA(p byte) *ALUAConfig {
@@ -63,9 +73,7 @@ func gatewayALUA(p byte) *ALUAConfig {
 // nexuses with their relative target ports; RELEASE frees the unit; registrations racing
 // through both gateways all land.
 func TestSharedPR(t *testing.T) {
-	store := &memPRStore{}
-	a, _ := newTestLUN(t, LUNConfig{Serial: "S1", ALUA: gatewayALUA(1), PRStore: store})
-	b, _ := newTestLUN(t, LUNConfig{Serial: "S1", ALUA: gatewayALUA(2), PRStore: store})
+	_, a, b := twoGateways(t)
 	i1a := Nexus{InitiatorPortID: [16]byte{0xA1}, TargetPortID: [16]byte{1}}
 	i1b := Nexus{InitiatorPortID: [16]byte{0xA1}, TargetPortID: [16]byte{2}}
 	i2a := Nexus{InitiatorPortID: [16]byte{0xB2}, TargetPortID: [16]byte{1}}
@@ -215,9 +223,7 @@ func FuzzDecodePRState(f *testing.F) {
 // 1; a RELEASE of a registrants-only reservation through gateway 2 gives the registrants of
 // gateway 1 RESERVATIONS RELEASED. A gateway that starts later does not replay the log.
 func TestSharedPRUnitAttentions(t *testing.T) {
-	store := &memPRStore{}
-	a, _ := newTestLUN(t, LUNConfig{Serial: "S1", ALUA: gatewayALUA(1), PRStore: store})
-	b, _ := newTestLUN(t, LUNConfig{Serial: "S1", ALUA: gatewayALUA(2), PRStore: store})
+	store, a, b := twoGateways(t)
 	i1a := Nexus{InitiatorPortID: [16]byte{0xA1}, TargetPortID: [16]byte{1}}
 	i3a := Nexus{InitiatorPortID: [16]byte{0xA3}, TargetPortID: [16]byte{1}}
 	i2b := Nexus{InitiatorPortID: [16]byte{0xA2}, TargetPortID: [16]byte{2}}
@@ -263,9 +269,7 @@ func TestSharedPRUnitAttentions(t *testing.T) {
 // nexus's tasks on the other gateway too (the log's abort entry), once, when that gateway next
 // reads the shared state (its next command).
 func TestSharedPRPreemptAndAbort(t *testing.T) {
-	store := &memPRStore{}
-	a, _ := newTestLUN(t, LUNConfig{Serial: "S1", ALUA: gatewayALUA(1), PRStore: store})
-	b, _ := newTestLUN(t, LUNConfig{Serial: "S1", ALUA: gatewayALUA(2), PRStore: store})
+	_, a, b := twoGateways(t)
 	i1a := Nexus{InitiatorPortID: [16]byte{0xA1}, TargetPortID: [16]byte{1}}
 	i2b := Nexus{InitiatorPortID: [16]byte{0xA2}, TargetPortID: [16]byte{2}}
 	i3b := Nexus{InitiatorPortID: [16]byte{0xA3}, TargetPortID: [16]byte{2}}

@@ -42,7 +42,7 @@ func checkAllocated(kind string, closed bool, off, n, size int64) error {
 // filesystem without them reports the whole file as data, which is the truth as far as it
 // goes). The descriptor's file position changes, which pread/pwrite do not use.
 func (b *File) Allocated(off, n int64) (bool, int64, error) {
-	d := &b.d
+	d := &b.fdio
 	if err := checkAllocated(d.kind, d.closed.Load(), off, n, d.size.Load()); err != nil {
 		return false, 0, err
 	}
@@ -74,7 +74,7 @@ func (b *File) Allocated(off, n int64) (bool, int64, error) {
 // Usage is the file's allocated blocks (st_blocks) and the free space of its filesystem for
 // unprivileged users (statfs f_bavail), which others share.
 func (b *File) Usage() (int64, int64, error) {
-	d := &b.d
+	d := &b.fdio
 	var st unix.Stat_t
 	var fs unix.Statfs_t
 	err := d.control(func(fd int) error {

@@ -62,7 +62,7 @@ type BlockDevOptions struct {
 // either end are left alone (a discard is advisory and DiscardZeroes is false, so that is
 // allowed). WriteZeroes is BLKZEROOUT on the whole blocks plus zero writes for the partial ones.
 type BlockDev struct {
-	d    fdio
+	fdio       // Size, ReadAt, WriteAt, Flush and Close
 	lbs  int64 // logical block size
 	info Info
 }
@@ -104,17 +104,17 @@ func OpenBlockDev(path string, opts BlockDevOptions) (*BlockDev, error) {
 		return fail(err)
 	}
 	b := &BlockDev{}
-	b.d.kind, b.d.path = "blockdev", path
+	b.kind, b.path = "blockdev", path
 	ok := false
 	defer func() {
 		if !ok {
-			if b.d.df != nil {
-				b.d.df.Close()
+			if b.df != nil {
+				b.df.Close()
 			}
 			f.Close()
 		}
 	}()
-	if err := b.d.init(f); err != nil {
+	if err := b.init(f); err != nil {
 		return fail(err)
 	}
 	var st unix.Stat_t
@@ -130,7 +130,7 @@ func OpenBlockDev(path string, opts BlockDevOptions) (*BlockDev, error) {
 
 	var size uint64
 	var lbs, pbs, ro uint32
-	err = b.d.control(func(fd int) error {
+	err = b.control(func(fd int) error {
 		var err error
 		if size, err = unix.IoctlGetUint64(fd, ioctlBLKGETSIZE64); err != nil {
 			return fmt.Errorf("BLKGETSIZE64: %w", err)
@@ -158,11 +158,11 @@ func OpenBlockDev(path string, opts BlockDevOptions) (*BlockDev, error) {
 	if ro != 0 {
 		readOnly = true
 	}
-	b.d.size.Store(int64(size))
-	b.d.readOnly, b.lbs = readOnly, int64(lbs)
+	b.size.Store(int64(size))
+	b.readOnly, b.lbs = readOnly, int64(lbs)
 
 	if opts.Direct {
-		if err := b.d.setDirect(flags, int64(lbs)); err != nil {
+		if err := b.setDirect(flags, int64(lbs)); err != nil {
 			return fail(err)
 		}
 	}
@@ -191,9 +191,6 @@ func OpenBlockDev(path string, opts BlockDevOptions) (*BlockDev, error) {
 	return b, nil
 }
 
-// Size returns the capacity in bytes (BLKGETSIZE64 at open).
-func (b *BlockDev) Size() int64 { return b.d.size.Load() }
-
 // LogicalBlockSize returns the device's logical block size (BLKSSZGET): the granularity of
 // Discard and of the BLKZEROOUT part of WriteZeroes, and the smallest unit the device writes
 // without a read-modify-write in the page cache.
@@ -204,41 +201,28 @@ func (b *BlockDev) LogicalBlockSize() int { return int(b.lbs) }
 // DiscardZeroes from queue/discard_zeroes_data, which is always 0 on Linux ≥ 4.12.
 func (b *BlockDev) Info() Info { return b.info }
 
-// ReadAt reads len(p) bytes at off with pread(2). It does not allocate.
-func (b *BlockDev) ReadAt(p []byte, off int64) (int, error) { return b.d.readAt(p, off) }
-
-// WriteAt writes len(p) bytes at off with pwrite(2). It does not allocate.
-func (b *BlockDev) WriteAt(p []byte, off int64) (int, error) { return b.d.writeAt(p, off) }
-
-// Flush calls fdatasync(2), which writes back the page cache and flushes the device's volatile
-// write cache. A no-op on a read-only BlockDev.
-func (b *BlockDev) Flush() error { return b.d.flush() }
-
-// Close releases the device.
-func (b *BlockDev) Close() error { return b.d.close() }
-
 // Discard issues BLKDISCARD for the logical blocks lying entirely inside [off, off+n).
 func (b *BlockDev) Discard(off, n int64) error {
-	if err := b.d.check("discard", off, n, true); err != nil {
+	if err := b.check("discard", off, n, true); err != nil {
 		return err
 	}
 	if n == 0 {
 		return nil
 	}
 	if !b.info.CanDiscard {
-		return b.d.rangeErr("discard", off, n, ErrNotSupported)
+		return b.rangeErr("discard", off, n, ErrNotSupported)
 	}
 	start, end := b.inner(off, n)
 	if end <= start {
 		return nil
 	}
-	b.d.lockRange(off, n, true)
-	defer b.d.unlockRange(off, n, true)
+	b.lockRange(off, n, true)
+	defer b.unlockRange(off, n, true)
 	if err := b.ioctlRange(ioctlBLKDISCARD, start, end-start); err != nil {
 		if errors.Is(err, unix.EOPNOTSUPP) {
 			err = fmt.Errorf("%w (%w)", ErrNotSupported, err)
 		}
-		return b.d.rangeErr("discard", off, n, fmt.Errorf("BLKDISCARD [%d, +%d): %w", start, end-start, err))
+		return b.rangeErr("discard", off, n, fmt.Errorf("BLKDISCARD [%d, +%d): %w", start, end-start, err))
 	}
 	return nil
 }
@@ -247,34 +231,34 @@ func (b *BlockDev) Discard(off, n int64) error {
 // the device's WRITE ZEROES / WRITE SAME when it has one and writes zeroes otherwise) and the
 // partial blocks at either end with plain writes.
 func (b *BlockDev) WriteZeroes(off, n int64) error {
-	if err := b.d.check("write zeroes", off, n, true); err != nil {
+	if err := b.check("write zeroes", off, n, true); err != nil {
 		return err
 	}
 	if n == 0 {
 		return nil
 	}
-	b.d.lockRange(off, n, true)
-	defer b.d.unlockRange(off, n, true)
+	b.lockRange(off, n, true)
+	defer b.unlockRange(off, n, true)
 	start, end := b.inner(off, n)
 	if end <= start {
-		return b.d.writeZeroBytes(off, n)
+		return b.writeZeroBytes(off, n)
 	}
 	if err := b.ioctlRange(ioctlBLKZEROOUT, start, end-start); err != nil {
 		if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOTTY) && !errors.Is(err, unix.EINVAL) {
-			return b.d.rangeErr("write zeroes", off, n,
+			return b.rangeErr("write zeroes", off, n,
 				fmt.Errorf("BLKZEROOUT [%d, +%d): %w", start, end-start, err))
 		}
-		if err := b.d.writeZeroBytes(start, end-start); err != nil {
+		if err := b.writeZeroBytes(start, end-start); err != nil {
 			return err
 		}
 	}
 	if start > off {
-		if err := b.d.writeZeroBytes(off, start-off); err != nil {
+		if err := b.writeZeroBytes(off, start-off); err != nil {
 			return err
 		}
 	}
 	if off+n > end {
-		return b.d.writeZeroBytes(end, off+n-end)
+		return b.writeZeroBytes(end, off+n-end)
 	}
 	return nil
 }
@@ -287,7 +271,7 @@ func (b *BlockDev) inner(off, n int64) (start, end int64) {
 
 // ioctlRange issues an ioctl that takes a uint64_t[2] {start, len} (BLKDISCARD, BLKZEROOUT).
 func (b *BlockDev) ioctlRange(req uintptr, off, n int64) error {
-	return b.d.control(func(fd int) error {
+	return b.control(func(fd int) error {
 		r := [2]uint64{uint64(off), uint64(n)}
 		_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, uintptr(unsafe.Pointer(&r)))
 		if e != 0 {

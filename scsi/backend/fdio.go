@@ -128,61 +128,57 @@ func stripeSpan(off, n int64) (first, count int) {
 	return int(r0 % dioStripes), int(min(r1-r0+1, dioStripes))
 }
 
-func (d *fdio) readAt(p []byte, off int64) (int, error) {
-	if err := d.check("read", off, int64(len(p)), false); err != nil {
+// Size returns the capacity in bytes (fixed at open; Resize changes it).
+func (d *fdio) Size() int64 { return d.size.Load() }
+
+// ReadAt reads len(p) bytes at off with pread(2). It does not allocate.
+func (d *fdio) ReadAt(p []byte, off int64) (int, error) { return d.transfer("read", p, off, false) }
+
+// WriteAt writes len(p) bytes at off with pwrite(2). It does not allocate.
+func (d *fdio) WriteAt(p []byte, off int64) (int, error) { return d.transfer("write", p, off, true) }
+
+// transfer is pread (write false) or pwrite (write true) of p at off. Without df everything goes
+// through f unlocked; an aligned transfer goes through df, a write holding its regions shared and a
+// read with no lock; an unaligned one goes through f holding its regions exclusively.
+func (d *fdio) transfer(op string, p []byte, off int64, write bool) (int, error) {
+	if err := d.check(op, off, int64(len(p)), write); err != nil {
 		return 0, err
 	}
 	if len(p) == 0 {
 		return 0, nil
 	}
-	var n int
-	var err error
+	f, lock, exclusive := d.f, false, false
 	switch {
 	case d.df == nil:
-		n, err = d.f.ReadAt(p, off)
 	case d.aligned(p, off):
-		n, err = d.df.ReadAt(p, off)
+		f, lock = d.df, write
 	default:
-		d.lockRange(off, int64(len(p)), true)
-		n, err = d.f.ReadAt(p, off)
-		d.unlockRange(off, int64(len(p)), true)
+		lock, exclusive = true, true
+	}
+	if lock {
+		d.lockRange(off, int64(len(p)), exclusive)
+	}
+	var n int
+	var err error
+	if write {
+		n, err = f.WriteAt(p, off)
+	} else {
+		n, err = f.ReadAt(p, off)
+	}
+	if lock {
+		d.unlockRange(off, int64(len(p)), exclusive)
 	}
 	if err != nil {
-		// io.EOF inside [0, size): the file shrank under us.
-		return n, d.ioErr("read", off, len(p), n, err)
+		// A read's io.EOF inside [0, size): the file shrank under us.
+		return n, d.ioErr(op, off, len(p), n, err)
 	}
 	return n, nil
 }
 
-func (d *fdio) writeAt(p []byte, off int64) (int, error) {
-	if err := d.check("write", off, int64(len(p)), true); err != nil {
-		return 0, err
-	}
-	if len(p) == 0 {
-		return 0, nil
-	}
-	var n int
-	var err error
-	switch {
-	case d.df == nil:
-		n, err = d.f.WriteAt(p, off)
-	case d.aligned(p, off):
-		d.lockRange(off, int64(len(p)), false)
-		n, err = d.df.WriteAt(p, off)
-		d.unlockRange(off, int64(len(p)), false)
-	default:
-		d.lockRange(off, int64(len(p)), true)
-		n, err = d.f.WriteAt(p, off)
-		d.unlockRange(off, int64(len(p)), true)
-	}
-	if err != nil {
-		return n, d.ioErr("write", off, len(p), n, err)
-	}
-	return n, nil
-}
-
-// flush is fdatasync(2). It flushes the whole inode, so it covers writes through df too.
-func (d *fdio) flush() error {
+// Flush calls fdatasync(2), which writes back the page cache (and, for a block device, flushes
+// the device's volatile write cache). It flushes the whole inode, so it covers writes through df
+// too. A no-op when read-only.
+func (d *fdio) Flush() error {
 	if d.closed.Load() {
 		return d.opErr("flush", ErrClosed)
 	}
@@ -195,7 +191,8 @@ func (d *fdio) flush() error {
 	return nil
 }
 
-func (d *fdio) close() error {
+// Close releases the descriptors (and with them the flock of a File, the O_EXCL of a BlockDev).
+func (d *fdio) Close() error {
 	if !d.closed.CompareAndSwap(false, true) {
 		return d.opErr("close", ErrClosed)
 	}

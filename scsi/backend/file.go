@@ -58,7 +58,7 @@ type FileOptions struct {
 // WriteZeroes uses FALLOC_FL_ZERO_RANGE (the range stays allocated), then hole punching, then
 // plain zero writes, as the filesystem allows.
 type File struct {
-	d    fdio
+	fdio // Size, ReadAt, WriteAt, Flush and Close
 	info Info
 	// Per-instance memory of what the filesystem refused, so WriteZeroes stops asking.
 	noZeroRange, noPunch atomic.Bool
@@ -97,21 +97,21 @@ func OpenFile(path string, opts FileOptions) (*File, error) {
 		return fail(err)
 	}
 	b := &File{}
-	b.d.kind, b.d.path, b.d.readOnly = "file", path, opts.ReadOnly
+	b.kind, b.path, b.readOnly = "file", path, opts.ReadOnly
 	ok, remove := false, false
 	defer func() {
 		if ok {
 			return
 		}
-		if b.d.df != nil {
-			b.d.df.Close()
+		if b.df != nil {
+			b.df.Close()
 		}
 		if remove {
 			os.Remove(path) // created by this call and still ours: under our lock
 		}
 		f.Close()
 	}()
-	if err := b.d.init(f); err != nil {
+	if err := b.init(f); err != nil {
 		return fail(err)
 	}
 
@@ -126,7 +126,7 @@ func OpenFile(path string, opts FileOptions) (*File, error) {
 	if opts.ReadOnly || opts.Shared {
 		how = unix.LOCK_SH
 	}
-	if err := b.d.control(func(fd int) error { return unix.Flock(fd, how|unix.LOCK_NB) }); err != nil {
+	if err := b.control(func(fd int) error { return unix.Flock(fd, how|unix.LOCK_NB) }); err != nil {
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return fail(fmt.Errorf("flock: %w (another process holds a lock on the file)", ErrBusy))
 		}
@@ -157,14 +157,14 @@ func OpenFile(path string, opts FileOptions) (*File, error) {
 	if size == 0 {
 		return fail(fmt.Errorf("empty file: %w", ErrInvalidSize))
 	}
-	b.d.size.Store(size)
+	b.size.Store(size)
 
 	blk := int64(st.Blksize)
 	if blk <= 0 || blk&(blk-1) != 0 {
 		blk = 4096
 	}
 	if opts.Direct {
-		if err := b.d.setDirect(flags, blk); err != nil {
+		if err := b.setDirect(flags, blk); err != nil {
 			return fail(err)
 		}
 	}
@@ -204,15 +204,12 @@ func openOrCreate(path string, flags int, create, noSymlinks bool) (f *os.File, 
 // of the file: with KEEP_SIZE that changes neither the size nor the data, while a filesystem
 // without the operation still refuses it (EOPNOTSUPP).
 func (b *File) probePunchHole(blk int64) bool {
-	off := (b.d.size.Load() + blk - 1) &^ (blk - 1)
-	err := b.d.control(func(fd int) error {
+	off := (b.size.Load() + blk - 1) &^ (blk - 1)
+	err := b.control(func(fd int) error {
 		return unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, blk)
 	})
 	return err == nil
 }
-
-// Size returns the capacity in bytes, fixed at open.
-func (b *File) Size() int64 { return b.d.size.Load() }
 
 // Info describes the file. CanDiscard is what the filesystem answered to a hole punch at open;
 // it is false for a read-only File (the probe needs a writable descriptor). DiscardZeroes equals
@@ -221,37 +218,25 @@ func (b *File) Size() int64 { return b.d.size.Load() }
 // there is none, e.g. tmpfs or network filesystems).
 func (b *File) Info() Info { return b.info }
 
-// ReadAt reads len(p) bytes at off with pread(2). It does not allocate.
-func (b *File) ReadAt(p []byte, off int64) (int, error) { return b.d.readAt(p, off) }
-
-// WriteAt writes len(p) bytes at off with pwrite(2). It does not allocate.
-func (b *File) WriteAt(p []byte, off int64) (int, error) { return b.d.writeAt(p, off) }
-
-// Flush calls fdatasync(2). A no-op on a read-only File.
-func (b *File) Flush() error { return b.d.flush() }
-
-// Close releases the lock and the descriptors.
-func (b *File) Close() error { return b.d.close() }
-
 // Discard punches a hole over [off, off+n); the range reads as zeroes afterwards.
 func (b *File) Discard(off, n int64) error {
-	if err := b.d.check("discard", off, n, true); err != nil {
+	if err := b.check("discard", off, n, true); err != nil {
 		return err
 	}
 	if n == 0 {
 		return nil
 	}
 	if !b.info.CanDiscard || b.noPunch.Load() {
-		return b.d.rangeErr("discard", off, n, ErrNotSupported)
+		return b.rangeErr("discard", off, n, ErrNotSupported)
 	}
-	b.d.lockRange(off, n, true)
-	defer b.d.unlockRange(off, n, true)
+	b.lockRange(off, n, true)
+	defer b.unlockRange(off, n, true)
 	if err := b.fallocate(unix.FALLOC_FL_PUNCH_HOLE, off, n); err != nil {
 		if errors.Is(err, unix.EOPNOTSUPP) {
 			b.noPunch.Store(true)
 			err = fmt.Errorf("%w (%w)", ErrNotSupported, err)
 		}
-		return b.d.rangeErr("discard", off, n, err)
+		return b.rangeErr("discard", off, n, err)
 	}
 	return nil
 }
@@ -259,21 +244,21 @@ func (b *File) Discard(off, n int64) error {
 // WriteZeroes makes [off, off+n) read as zeroes: FALLOC_FL_ZERO_RANGE where the filesystem has
 // it, else a hole punch, else writing zeroes.
 func (b *File) WriteZeroes(off, n int64) error {
-	if err := b.d.check("write zeroes", off, n, true); err != nil {
+	if err := b.check("write zeroes", off, n, true); err != nil {
 		return err
 	}
 	if n == 0 {
 		return nil
 	}
-	b.d.lockRange(off, n, true)
-	defer b.d.unlockRange(off, n, true)
+	b.lockRange(off, n, true)
+	defer b.unlockRange(off, n, true)
 	if !b.noZeroRange.Load() {
 		err := b.fallocate(unix.FALLOC_FL_ZERO_RANGE, off, n)
 		if err == nil {
 			return nil
 		}
 		if !errors.Is(err, unix.EOPNOTSUPP) {
-			return b.d.rangeErr("write zeroes", off, n, err)
+			return b.rangeErr("write zeroes", off, n, err)
 		}
 		b.noZeroRange.Store(true)
 	}
@@ -283,15 +268,15 @@ func (b *File) WriteZeroes(off, n int64) error {
 			return nil
 		}
 		if !errors.Is(err, unix.EOPNOTSUPP) {
-			return b.d.rangeErr("write zeroes", off, n, err)
+			return b.rangeErr("write zeroes", off, n, err)
 		}
 		b.noPunch.Store(true)
 	}
-	return b.d.writeZeroBytes(off, n)
+	return b.writeZeroBytes(off, n)
 }
 
 func (b *File) fallocate(mode uint32, off, n int64) error {
-	return b.d.control(func(fd int) error {
+	return b.control(func(fd int) error {
 		return unix.Fallocate(fd, mode|unix.FALLOC_FL_KEEP_SIZE, off, n)
 	})
 }

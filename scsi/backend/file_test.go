@@ -291,16 +291,16 @@ func TestFileDirect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if f.d.df == nil || f.d.offMask == 0 {
-		t.Fatalf("no O_DIRECT descriptor (offMask %d)", f.d.offMask)
+	if f.df == nil || f.offMask == 0 {
+		t.Fatalf("no O_DIRECT descriptor (offMask %d)", f.offMask)
 	}
-	fl, err := unix.FcntlInt(f.d.df.Fd(), unix.F_GETFL, 0)
+	fl, err := unix.FcntlInt(f.df.Fd(), unix.F_GETFL, 0)
 	if err != nil || fl&unix.O_DIRECT == 0 {
 		t.Fatalf("direct descriptor flags %#x, %v: O_DIRECT missing", fl, err)
 	}
-	t.Logf("direct I/O alignment: memory %d, offset %d", f.d.memMask+1, f.d.offMask+1)
+	t.Logf("direct I/O alignment: memory %d, offset %d", f.memMask+1, f.offMask+1)
 	buf := alignedBuf(8192, 4096)
-	if !f.d.aligned(buf, 4096) || f.d.aligned(buf[1:4097], 4096) || f.d.aligned(buf, 4097) {
+	if !f.aligned(buf, 4096) || f.aligned(buf[1:4097], 4096) || f.aligned(buf, 4097) {
 		t.Error("aligned() is wrong")
 	}
 

@@ -28,7 +28,7 @@ var (
 // Resize extends the file to size bytes (sparsely: ftruncate), or with 0 adopts the file's
 // current size (fstat) when that is not smaller. Read-only files cannot be extended.
 func (b *File) Resize(size int64) (int64, error) {
-	d := &b.d
+	d := &b.fdio
 	if d.closed.Load() {
 		return 0, fmt.Errorf("backend file %s: resize: %w", d.path, ErrClosed)
 	}
@@ -62,7 +62,7 @@ func (b *File) Resize(size int64) (int64, error) {
 // owns it (lvextend, a grown RBD or iSCSI disk), never by srpd, so a size other than 0 is
 // ErrNotSupported. A device that shrank is ErrWouldShrink and keeps its old capacity.
 func (b *BlockDev) Resize(size int64) (int64, error) {
-	d := &b.d
+	d := &b.fdio
 	cur := d.size.Load()
 	if size != 0 {
 		return cur, fmt.Errorf("backend blockdev %s: resize to %d bytes: a block device has its own size: %w", d.path, size, ErrNotSupported)

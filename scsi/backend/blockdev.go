@@ -114,15 +114,9 @@ func OpenBlockDev(path string, opts BlockDevOptions) (*BlockDev, error) {
 			f.Close()
 		}
 	}()
-	if err := b.init(f); err != nil {
+	st, err := b.init(f, unix.S_IFBLK, ErrNotBlockDevice)
+	if err != nil {
 		return fail(err)
-	}
-	var st unix.Stat_t
-	if err := fstat(f, &st); err != nil {
-		return fail(err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
-		return fail(ErrNotBlockDevice)
 	}
 	if err := admit(f, opts.Admit); err != nil {
 		return fail(err)
@@ -203,64 +197,52 @@ func (b *BlockDev) Info() Info { return b.info }
 
 // Discard issues BLKDISCARD for the logical blocks lying entirely inside [off, off+n).
 func (b *BlockDev) Discard(off, n int64) error {
-	if err := b.check("discard", off, n, true); err != nil {
-		return err
-	}
-	if n == 0 {
-		return nil
-	}
-	if !b.info.CanDiscard {
-		return b.rangeErr("discard", off, n, ErrNotSupported)
-	}
-	start, end := b.inner(off, n)
-	if end <= start {
-		return nil
-	}
-	b.lockRange(off, n, true)
-	defer b.unlockRange(off, n, true)
-	if err := b.ioctlRange(ioctlBLKDISCARD, start, end-start); err != nil {
-		if errors.Is(err, unix.EOPNOTSUPP) {
-			err = fmt.Errorf("%w (%w)", ErrNotSupported, err)
+	return b.mutate("discard", off, n, func() error {
+		if !b.info.CanDiscard {
+			return b.rangeErr("discard", off, n, ErrNotSupported)
 		}
-		return b.rangeErr("discard", off, n, fmt.Errorf("BLKDISCARD [%d, +%d): %w", start, end-start, err))
-	}
-	return nil
+		start, end := b.inner(off, n)
+		if end <= start {
+			return nil
+		}
+		if err := b.ioctlRange(ioctlBLKDISCARD, start, end-start); err != nil {
+			if errors.Is(err, unix.EOPNOTSUPP) {
+				err = fmt.Errorf("%w (%w)", ErrNotSupported, err)
+			}
+			return b.rangeErr("discard", off, n, fmt.Errorf("BLKDISCARD [%d, +%d): %w", start, end-start, err))
+		}
+		return nil
+	})
 }
 
 // WriteZeroes zeroes the whole logical blocks of [off, off+n) with BLKZEROOUT (the kernel uses
 // the device's WRITE ZEROES / WRITE SAME when it has one and writes zeroes otherwise) and the
 // partial blocks at either end with plain writes.
 func (b *BlockDev) WriteZeroes(off, n int64) error {
-	if err := b.check("write zeroes", off, n, true); err != nil {
-		return err
-	}
-	if n == 0 {
+	return b.mutate("write zeroes", off, n, func() error {
+		start, end := b.inner(off, n)
+		if end <= start {
+			return b.writeZeroBytes(off, n)
+		}
+		if err := b.ioctlRange(ioctlBLKZEROOUT, start, end-start); err != nil {
+			if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOTTY) && !errors.Is(err, unix.EINVAL) {
+				return b.rangeErr("write zeroes", off, n,
+					fmt.Errorf("BLKZEROOUT [%d, +%d): %w", start, end-start, err))
+			}
+			if err := b.writeZeroBytes(start, end-start); err != nil {
+				return err
+			}
+		}
+		if start > off {
+			if err := b.writeZeroBytes(off, start-off); err != nil {
+				return err
+			}
+		}
+		if off+n > end {
+			return b.writeZeroBytes(end, off+n-end)
+		}
 		return nil
-	}
-	b.lockRange(off, n, true)
-	defer b.unlockRange(off, n, true)
-	start, end := b.inner(off, n)
-	if end <= start {
-		return b.writeZeroBytes(off, n)
-	}
-	if err := b.ioctlRange(ioctlBLKZEROOUT, start, end-start); err != nil {
-		if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOTTY) && !errors.Is(err, unix.EINVAL) {
-			return b.rangeErr("write zeroes", off, n,
-				fmt.Errorf("BLKZEROOUT [%d, +%d): %w", start, end-start, err))
-		}
-		if err := b.writeZeroBytes(start, end-start); err != nil {
-			return err
-		}
-	}
-	if start > off {
-		if err := b.writeZeroBytes(off, start-off); err != nil {
-			return err
-		}
-	}
-	if off+n > end {
-		return b.writeZeroBytes(end, off+n-end)
-	}
-	return nil
+	})
 }
 
 // inner returns the largest logical-block-aligned range inside [off, off+n).

@@ -47,13 +47,22 @@ type fdio struct {
 	closed   atomic.Bool
 }
 
-func (d *fdio) init(f *os.File) error {
+// init takes f as the buffered descriptor and checks with fstat that it is of the file type
+// ifmt (unix.S_IFREG, unix.S_IFBLK), failing with notType otherwise; it returns the stat.
+func (d *fdio) init(f *os.File, ifmt uint32, notType error) (unix.Stat_t, error) {
+	var st unix.Stat_t
 	rc, err := f.SyscallConn()
 	if err != nil {
-		return err
+		return st, err
 	}
 	d.f, d.rc = f, rc
-	return nil
+	if err := fstat(f, &st); err != nil {
+		return st, err
+	}
+	if st.Mode&unix.S_IFMT != ifmt {
+		return st, notType
+	}
+	return st, nil
 }
 
 // check validates a call in the order closed, read-only (for mutating calls), range.
@@ -89,36 +98,49 @@ func (d *fdio) aligned(p []byte, off int64) bool {
 
 // lockRange locks the stripes of the regions [off, off+n) touches (n > 0), in ascending stripe
 // order so that concurrent callers cannot deadlock. A no-op outside direct mode.
-func (d *fdio) lockRange(off, n int64, exclusive bool) {
+func (d *fdio) lockRange(off, n int64, exclusive bool) { d.stripeRange(off, n, exclusive, true) }
+
+// unlockRange undoes lockRange.
+func (d *fdio) unlockRange(off, n int64, exclusive bool) { d.stripeRange(off, n, exclusive, false) }
+
+// stripeRange locks (lock) or unlocks the stripes of the regions [off, off+n) touches, exclusively
+// or shared, in ascending stripe order.
+func (d *fdio) stripeRange(off, n int64, exclusive, lock bool) {
 	if d.stripes == nil {
 		return
 	}
 	first, count := stripeSpan(off, n)
 	for i := range d.stripes {
-		if (i-first+dioStripes)%dioStripes < count {
-			if exclusive {
-				d.stripes[i].Lock()
-			} else {
-				d.stripes[i].RLock()
-			}
+		if (i-first+dioStripes)%dioStripes >= count {
+			continue
+		}
+		s := &d.stripes[i]
+		switch {
+		case lock && exclusive:
+			s.Lock()
+		case lock:
+			s.RLock()
+		case exclusive:
+			s.Unlock()
+		default:
+			s.RUnlock()
 		}
 	}
 }
 
-func (d *fdio) unlockRange(off, n int64, exclusive bool) {
-	if d.stripes == nil {
-		return
+// mutate is the frame of Discard and WriteZeroes: it checks the call (closed, read-only, range),
+// does nothing for n == 0, and otherwise runs fn with the regions of [off, off+n) locked
+// exclusively.
+func (d *fdio) mutate(op string, off, n int64, fn func() error) error {
+	if err := d.check(op, off, n, true); err != nil {
+		return err
 	}
-	first, count := stripeSpan(off, n)
-	for i := range d.stripes {
-		if (i-first+dioStripes)%dioStripes < count {
-			if exclusive {
-				d.stripes[i].Unlock()
-			} else {
-				d.stripes[i].RUnlock()
-			}
-		}
+	if n == 0 {
+		return nil
 	}
+	d.lockRange(off, n, true)
+	defer d.unlockRange(off, n, true)
+	return fn()
 }
 
 // stripeSpan returns the cyclic run of stripes covering the regions of [off, off+n): the first

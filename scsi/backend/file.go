@@ -111,16 +111,9 @@ func OpenFile(path string, opts FileOptions) (*File, error) {
 		}
 		f.Close()
 	}()
-	if err := b.init(f); err != nil {
+	st, err := b.init(f, unix.S_IFREG, ErrNotRegularFile)
+	if err != nil {
 		return fail(err)
-	}
-
-	var st unix.Stat_t
-	if err := fstat(f, &st); err != nil {
-		return fail(err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return fail(ErrNotRegularFile)
 	}
 	how := unix.LOCK_EX
 	if opts.ReadOnly || opts.Shared {
@@ -220,59 +213,47 @@ func (b *File) Info() Info { return b.info }
 
 // Discard punches a hole over [off, off+n); the range reads as zeroes afterwards.
 func (b *File) Discard(off, n int64) error {
-	if err := b.check("discard", off, n, true); err != nil {
-		return err
-	}
-	if n == 0 {
-		return nil
-	}
-	if !b.info.CanDiscard || b.noPunch.Load() {
-		return b.rangeErr("discard", off, n, ErrNotSupported)
-	}
-	b.lockRange(off, n, true)
-	defer b.unlockRange(off, n, true)
-	if err := b.fallocate(unix.FALLOC_FL_PUNCH_HOLE, off, n); err != nil {
-		if errors.Is(err, unix.EOPNOTSUPP) {
-			b.noPunch.Store(true)
-			err = fmt.Errorf("%w (%w)", ErrNotSupported, err)
+	return b.mutate("discard", off, n, func() error {
+		if !b.info.CanDiscard || b.noPunch.Load() {
+			return b.rangeErr("discard", off, n, ErrNotSupported)
 		}
-		return b.rangeErr("discard", off, n, err)
-	}
-	return nil
+		if err := b.fallocate(unix.FALLOC_FL_PUNCH_HOLE, off, n); err != nil {
+			if errors.Is(err, unix.EOPNOTSUPP) {
+				b.noPunch.Store(true)
+				err = fmt.Errorf("%w (%w)", ErrNotSupported, err)
+			}
+			return b.rangeErr("discard", off, n, err)
+		}
+		return nil
+	})
 }
 
 // WriteZeroes makes [off, off+n) read as zeroes: FALLOC_FL_ZERO_RANGE where the filesystem has
 // it, else a hole punch, else writing zeroes.
 func (b *File) WriteZeroes(off, n int64) error {
-	if err := b.check("write zeroes", off, n, true); err != nil {
-		return err
-	}
-	if n == 0 {
-		return nil
-	}
-	b.lockRange(off, n, true)
-	defer b.unlockRange(off, n, true)
-	if !b.noZeroRange.Load() {
-		err := b.fallocate(unix.FALLOC_FL_ZERO_RANGE, off, n)
-		if err == nil {
-			return nil
+	return b.mutate("write zeroes", off, n, func() error {
+		if !b.noZeroRange.Load() {
+			err := b.fallocate(unix.FALLOC_FL_ZERO_RANGE, off, n)
+			if err == nil {
+				return nil
+			}
+			if !errors.Is(err, unix.EOPNOTSUPP) {
+				return b.rangeErr("write zeroes", off, n, err)
+			}
+			b.noZeroRange.Store(true)
 		}
-		if !errors.Is(err, unix.EOPNOTSUPP) {
-			return b.rangeErr("write zeroes", off, n, err)
+		if b.info.CanDiscard && !b.noPunch.Load() {
+			err := b.fallocate(unix.FALLOC_FL_PUNCH_HOLE, off, n)
+			if err == nil {
+				return nil
+			}
+			if !errors.Is(err, unix.EOPNOTSUPP) {
+				return b.rangeErr("write zeroes", off, n, err)
+			}
+			b.noPunch.Store(true)
 		}
-		b.noZeroRange.Store(true)
-	}
-	if b.info.CanDiscard && !b.noPunch.Load() {
-		err := b.fallocate(unix.FALLOC_FL_PUNCH_HOLE, off, n)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, unix.EOPNOTSUPP) {
-			return b.rangeErr("write zeroes", off, n, err)
-		}
-		b.noPunch.Store(true)
-	}
-	return b.writeZeroBytes(off, n)
+		return b.writeZeroBytes(off, n)
+	})
 }
 
 func (b *File) fallocate(mode uint32, off, n int64) error {

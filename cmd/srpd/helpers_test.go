@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -178,9 +179,16 @@ func (p *daemonProc) exit(t *testing.T, d time.Duration) int {
 func srpctl(t *testing.T, socket string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	_, bin := binaries(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	return runCommand(t, 90*time.Second, append([]string{bin, "--socket", socket, "--timeout", "60s"}, args...))
+}
+
+// runCommand runs argv (for at most timeout) and returns its exit code and output; it fails the
+// test when the command cannot be run at all.
+func runCommand(t *testing.T, timeout time.Duration, argv []string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, append([]string{"--socket", socket, "--timeout", "60s"}, args...)...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err := cmd.Run()
@@ -189,13 +197,11 @@ func srpctl(t *testing.T, socket string, args ...string) (code int, stdout, stde
 	case errors.As(err, &ee):
 		code = ee.ExitCode()
 	case err != nil:
-		t.Fatalf("srpctl %q: %v", args, err)
+		t.Fatalf("%s: %v", strings.Join(argv, " "), err)
 	}
 	return code, o.String(), e.String()
 }
 
-// mustSrpctl runs srpctl and fails the test unless it exits 0; with -o json output it decodes
-// stdout into out.
 func mustSrpctl(t *testing.T, socket string, out any, args ...string) string {
 	t.Helper()
 	code, stdout, stderr := srpctl(t, socket, args...)
@@ -222,4 +228,38 @@ func dialNBD(socket, export string) (*testutil.NBDClient, error) {
 	}
 	_ = c.Conn.SetDeadline(time.Now().Add(60 * time.Second))
 	return c, nil
+}
+
+// t1TargetConfig is the configuration of a target daemon on loopback (UDP port udp): target t1 on
+// CM port 5555 with LUN 0 (RAM, 8 MiB) and the LUN lines extraLUNs, open to any initiator;
+// rest follows (the control section and whatever else the test needs).
+func t1TargetConfig(udp int, extraLUNs, rest string) string {
+	return testutil.LoopbackConfig(udp) + fmt.Sprintf(`targets:
+  - name: t1
+    port_id: %s
+    cm_port: 5555
+    luns:
+      - {id: 0, backend: ram, size: 8MiB}
+%s    acls:
+      - initiator: "*"
+`, t1PortID, extraLUNs) + rest
+}
+
+// c1InitiatorConfig is the configuration of an initiator daemon on 127.0.0.2 (UDP port udp): session
+// c1 to t1TargetConfig's t1, reconnecting after 1s, exporting its LUN lun over NBD on nbdSock; rest
+// follows (the control section).
+func c1InitiatorConfig(udp, lun int, nbdSock, rest string) string {
+	return fmt.Sprintf(`version: 1
+transports:
+  - {name: lo, address: 127.0.0.2, udp_port: %d}
+sessions:
+  - name: c1
+    address: 127.0.0.1
+    port: 5555
+    target_port_id: %s
+    initiator_ext: 0x1
+    reconnect_delay: 1s
+    nbd:
+      - {lun: %d, socket: %s}
+`, udp, t1PortID, lun, nbdSock) + rest
 }

@@ -29,30 +29,8 @@ func TestRestartDisconnectsPeers(t *testing.T) {
 	nbdSock := filepath.Join(dirI, "c1.nbd")
 	cfgT := filepath.Join(dirT, "srpd.yaml")
 	cfgI := filepath.Join(dirI, "srpd.yaml")
-	writeFile(t, cfgT, testutil.LoopbackConfig(udp)+fmt.Sprintf(`targets:
-  - name: t1
-    port_id: %s
-    cm_port: 5555
-    luns:
-      - {id: 0, backend: ram, size: 8MiB}
-    acls:
-      - initiator: "*"
-control: {socket: %s/ctl.sock}
-`, t1PortID, dirT))
-	writeFile(t, cfgI, fmt.Sprintf(`version: 1
-transports:
-  - {name: lo, address: 127.0.0.2, udp_port: %d}
-sessions:
-  - name: c1
-    address: 127.0.0.1
-    port: 5555
-    target_port_id: %s
-    initiator_ext: 0x1
-    reconnect_delay: 1s
-    nbd:
-      - {lun: 0, socket: %s}
-control: {socket: %s/ctl.sock}
-`, udp, t1PortID, nbdSock, dirI))
+	writeFile(t, cfgT, t1TargetConfig(udp, "", fmt.Sprintf("control: {socket: %s/ctl.sock}\n", dirT)))
+	writeFile(t, cfgI, c1InitiatorConfig(udp, 0, nbdSock, fmt.Sprintf("control: {socket: %s/ctl.sock}\n", dirI)))
 	sockT, sockI := filepath.Join(dirT, "ctl.sock"), filepath.Join(dirI, "ctl.sock")
 	state := filepath.Join(dirT, "ctl.connections.json")
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -77,32 +76,10 @@ func TestSyscallFilter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, cfgT, testutil.LoopbackConfig(udp)+fmt.Sprintf(`targets:
-  - name: t1
-    port_id: %s
-    cm_port: 5555
-    luns:
-      - {id: 0, backend: ram, size: 8MiB}
-      - {id: 1, backend: file, path: %s, create: true, size: 16MiB}
-    acls:
-      - initiator: "*"
-control: {socket: %s, group: %s}
-metrics: {listen: "127.0.0.1:%d"}
-`, t1PortID, img, sockT, gr.Name, metrics))
-	writeFile(t, cfgI, fmt.Sprintf(`version: 1
-transports:
-  - {name: lo, address: 127.0.0.2, udp_port: %d}
-sessions:
-  - name: c1
-    address: 127.0.0.1
-    port: 5555
-    target_port_id: %s
-    initiator_ext: 0x1
-    reconnect_delay: 1s
-    nbd:
-      - {lun: 1, socket: %s}
-control: {socket: %s, group: %s}
-`, udp, t1PortID, nbdSock, sockI, gr.Name))
+	writeFile(t, cfgT, t1TargetConfig(udp,
+		fmt.Sprintf("      - {id: 1, backend: file, path: %s, create: true, size: 16MiB}\n", img),
+		fmt.Sprintf("control: {socket: %s, group: %s}\nmetrics: {listen: \"127.0.0.1:%d\"}\n", sockT, gr.Name, metrics)))
+	writeFile(t, cfgI, c1InitiatorConfig(udp, 1, nbdSock, fmt.Sprintf("control: {socket: %s, group: %s}\n", sockI, gr.Name)))
 
 	ctl := func(sock string, args ...string) (int, string, string) {
 		t.Helper()
@@ -456,21 +433,7 @@ func straceNames(t *testing.T, file string) map[string]bool {
 // runTool runs prefix... bin args... (bounded) and returns its exit code and output.
 func runTool(t *testing.T, prefix []string, bin string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	argv := append(append(slices.Clone(prefix), bin), args...)
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	var ee *exec.ExitError
-	switch {
-	case errors.As(err, &ee):
-		code = ee.ExitCode()
-	case err != nil:
-		t.Fatalf("%s: %v", strings.Join(argv, " "), err)
-	}
-	return code, o.String(), e.String()
+	return runCommand(t, 3*time.Minute, append(append(slices.Clone(prefix), bin), args...))
 }
 
 func exitCode(err error) int {

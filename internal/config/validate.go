@@ -368,17 +368,7 @@ func (v *validator) config(c *Config) {
 				remotes[key] = i
 			}
 		}
-		for k, e := range s.NBD {
-			if e.Socket == "" {
-				continue
-			}
-			np := join(index(p, "nbd", k), "socket")
-			if prev, dup := sockets[e.Socket]; dup {
-				v.errorf(np, ErrDuplicate, "%s is already used by %s", e.Socket, prev)
-			} else {
-				sockets[e.Socket] = v.where(np)
-			}
-		}
+		v.uniqueSockets(sockets, p, s.NBD)
 	}
 
 	groups := map[string]int{}
@@ -409,17 +399,7 @@ func (v *validator) config(c *Config) {
 			}
 		}
 		v.nbdExports(p, m.NBD)
-		for k, e := range m.NBD {
-			if e.Socket == "" {
-				continue
-			}
-			np := join(index(p, "nbd", k), "socket")
-			if prev, dup := sockets[e.Socket]; dup {
-				v.errorf(np, ErrDuplicate, "%s is already used by %s", e.Socket, prev)
-			} else {
-				sockets[e.Socket] = v.where(np)
-			}
-		}
+		v.uniqueSockets(sockets, p, m.NBD)
 	}
 
 	v.control("control", &c.Control)
@@ -785,6 +765,23 @@ func (v *validator) nbdExports(p string, exps []NBDExport) {
 			v.socketMode(join(np, "mode"), e.Mode)
 		}
 		v.groupName(join(np, "group"), e.Group)
+	}
+}
+
+// uniqueSockets reports an NBD export of the entry at p whose socket is already in sockets (the
+// control socket and the exports seen so far, each with the place that uses it), and adds the
+// others.
+func (v *validator) uniqueSockets(sockets map[string]string, p string, exps []NBDExport) {
+	for k, e := range exps {
+		if e.Socket == "" {
+			continue
+		}
+		np := join(index(p, "nbd", k), "socket")
+		if prev, dup := sockets[e.Socket]; dup {
+			v.errorf(np, ErrDuplicate, "%s is already used by %s", e.Socket, prev)
+		} else {
+			sockets[e.Socket] = v.where(np)
+		}
 	}
 }
 

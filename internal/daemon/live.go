@@ -255,18 +255,7 @@ func (d *Daemon) UpdateLUN(ctx context.Context, target string, id int, u ctlapi.
 			return nil, err
 		}
 	}
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	t, err := d.runningTarget(target)
-	if err != nil {
-		return nil, err
-	}
-	for _, li := range d.targetInfoLocked(t).LUNs {
-		if li.ID == id {
-			return &li, nil
-		}
-	}
-	return nil, notFound("LUN", fmt.Sprintf("%s/%d", target, id))
+	return d.lunInfo(target, id)
 }
 
 // lunSize is the capacity of running LUN id of target in bytes (0: not running).

@@ -179,6 +179,22 @@ func (d *Daemon) checkBackend(target string, l config.LUN) error {
 	return nil
 }
 
+// lunInfo describes LUN id of the running target.
+func (d *Daemon) lunInfo(target string, id int) (*ctlapi.LUNInfo, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	t, err := d.runningTarget(target)
+	if err != nil {
+		return nil, err
+	}
+	for _, li := range d.targetInfoLocked(t).LUNs {
+		if li.ID == id {
+			return &li, nil
+		}
+	}
+	return nil, notFound("LUN", fmt.Sprintf("%s/%d", target, id))
+}
+
 // AddLUN implements ctlapi.Service. The LUN is added to the running target: the initiators
 // whose ACL shows it are told REPORTED LUNS DATA HAS CHANGED and stay logged in.
 func (d *Daemon) AddLUN(ctx context.Context, target string, l config.LUN, opts ctlapi.MutateOptions) (*ctlapi.LUNInfo, error) {
@@ -189,18 +205,7 @@ func (d *Daemon) AddLUN(ctx context.Context, target string, l config.LUN, opts c
 	if err != nil {
 		return nil, err
 	}
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	t, err := d.runningTarget(target)
-	if err != nil {
-		return nil, err
-	}
-	for _, li := range d.targetInfoLocked(t).LUNs {
-		if li.ID == l.ID {
-			return &li, nil
-		}
-	}
-	return nil, notFound("LUN", strconv.Itoa(l.ID))
+	return d.lunInfo(target, l.ID)
 }
 
 // RemoveLUN implements ctlapi.Service.

@@ -74,13 +74,9 @@ func (h *handler) updateLUN(w http.ResponseWriter, r *http.Request, q query) err
 }
 
 func (h *handler) updateACL(w http.ResponseWriter, r *http.Request, q query) error {
-	target, opts, err := targetMutation(r, q)
+	target, ini, opts, err := aclMutation(r, q)
 	if err != nil {
 		return err
-	}
-	ini, err := config.ParseInitiatorID(r.PathValue("initiator"))
-	if err != nil {
-		return badRequest("%v", err)
 	}
 	var a config.ACL
 	if err := decodeObject(w, r, "ACL", &a); err != nil {

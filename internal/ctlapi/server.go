@@ -295,6 +295,20 @@ func lunMutation(r *http.Request, q query) (string, int, MutateOptions, error) {
 	return target, id, opts, nil
 }
 
+// aclMutation is targetMutation for a route that names an initiator too: the target, the
+// initiator port ID and the options.
+func aclMutation(r *http.Request, q query) (string, config.InitiatorID, MutateOptions, error) {
+	target, opts, err := targetMutation(r, q)
+	if err != nil {
+		return "", config.InitiatorID{}, opts, err
+	}
+	ini, err := config.ParseInitiatorID(r.PathValue("initiator"))
+	if err != nil {
+		return "", config.InitiatorID{}, opts, badRequest("%v", err)
+	}
+	return target, ini, opts, nil
+}
+
 func (h *handler) status(w http.ResponseWriter, r *http.Request, _ query) error {
 	st, err := h.svc.Status(r.Context())
 	return ok(w, st, err)
@@ -397,13 +411,9 @@ func (h *handler) addACL(w http.ResponseWriter, r *http.Request, q query) error 
 }
 
 func (h *handler) removeACL(w http.ResponseWriter, r *http.Request, q query) error {
-	target, opts, err := targetMutation(r, q)
+	target, ini, opts, err := aclMutation(r, q)
 	if err != nil {
 		return err
-	}
-	ini, err := config.ParseInitiatorID(r.PathValue("initiator"))
-	if err != nil {
-		return badRequest("%v", err)
 	}
 	return noContent(w, h.svc.RemoveACL(r.Context(), target, ini, opts))
 }

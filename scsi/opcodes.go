@@ -83,28 +83,17 @@ var commands = [...]cmdInfo{
 		usage: []byte{0x55, 0x11, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0x04}},
 	{op: OpModeSense10, name: "MODE SENSE(10)", flags: cmdStandbyOK, pr: prInfo,
 		usage: []byte{0x5A, 0x18, 0xFF, 0xFF, 0, 0, 0, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvIn, sa: PRInReadKeys, hasSA: true, name: "PERSISTENT RESERVE IN (READ KEYS)", flags: cmdStandbyOK,
-		pr: prAllowed, usage: []byte{0x5E, 0x1F, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvIn, sa: PRInReadReservation, hasSA: true, name: "PERSISTENT RESERVE IN (READ RESERVATION)", flags: cmdStandbyOK,
-		pr: prAllowed, usage: []byte{0x5E, 0x1F, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvIn, sa: PRInReportCapabilites, hasSA: true, name: "PERSISTENT RESERVE IN (REPORT CAPABILITIES)", flags: cmdStandbyOK,
-		pr: prAllowed, usage: []byte{0x5E, 0x1F, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvIn, sa: PRInReadFullStatus, hasSA: true, name: "PERSISTENT RESERVE IN (READ FULL STATUS)", flags: cmdStandbyOK,
-		pr: prAllowed, usage: []byte{0x5E, 0x1F, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvOut, sa: PROutRegister, hasSA: true, name: "PERSISTENT RESERVE OUT (REGISTER)", flags: cmdStandbyOK,
-		pr: prOut, usage: []byte{0x5F, 0x1F, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvOut, sa: PROutReserve, hasSA: true, name: "PERSISTENT RESERVE OUT (RESERVE)", flags: cmdStandbyOK,
-		pr: prOut, usage: []byte{0x5F, 0x1F, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvOut, sa: PROutRelease, hasSA: true, name: "PERSISTENT RESERVE OUT (RELEASE)", flags: cmdStandbyOK,
-		pr: prOut, usage: []byte{0x5F, 0x1F, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvOut, sa: PROutClear, hasSA: true, name: "PERSISTENT RESERVE OUT (CLEAR)", flags: cmdStandbyOK,
-		pr: prOut, usage: []byte{0x5F, 0x1F, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvOut, sa: PROutPreempt, hasSA: true, name: "PERSISTENT RESERVE OUT (PREEMPT)", flags: cmdStandbyOK,
-		pr: prOut, usage: []byte{0x5F, 0x1F, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvOut, sa: PROutPreemptAndAbort, hasSA: true, name: "PERSISTENT RESERVE OUT (PREEMPT AND ABORT)", flags: cmdStandbyOK,
-		pr: prOut, usage: []byte{0x5F, 0x1F, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
-	{op: OpPersistentResvOut, sa: PROutRegisterAndIgnore, hasSA: true, name: "PERSISTENT RESERVE OUT (REGISTER AND IGNORE EXISTING KEY)", flags: cmdStandbyOK,
-		pr: prOut, usage: []byte{0x5F, 0x1F, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}},
+	prInCmd(PRInReadKeys, "READ KEYS"),
+	prInCmd(PRInReadReservation, "READ RESERVATION"),
+	prInCmd(PRInReportCapabilites, "REPORT CAPABILITIES"),
+	prInCmd(PRInReadFullStatus, "READ FULL STATUS"),
+	prOutCmd(PROutRegister, "REGISTER", false),
+	prOutCmd(PROutReserve, "RESERVE", true),
+	prOutCmd(PROutRelease, "RELEASE", true),
+	prOutCmd(PROutClear, "CLEAR", false),
+	prOutCmd(PROutPreempt, "PREEMPT", true),
+	prOutCmd(PROutPreemptAndAbort, "PREEMPT AND ABORT", true),
+	prOutCmd(PROutRegisterAndIgnore, "REGISTER AND IGNORE EXISTING KEY", false),
 	{op: OpRead16, name: "READ(16)", flags: cmdMedia, pr: prRead,
 		usage: []byte{0x88, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04}},
 	{op: OpCompareAndWrite, name: "COMPARE AND WRITE", flags: cmdMedia | cmdWrite, pr: prWrite,
@@ -136,6 +125,24 @@ var commands = [...]cmdInfo{
 		usage: []byte{0xA8, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04}},
 	{op: OpWrite12, name: "WRITE(12)", flags: cmdMedia | cmdWrite, pr: prWrite,
 		usage: []byte{0xAA, 0xF8, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x04}},
+}
+
+// prInCmd is the entry of PERSISTENT RESERVE IN with service action sa, named "PERSISTENT
+// RESERVE IN (what)".
+func prInCmd(sa uint8, what string) cmdInfo {
+	return cmdInfo{op: OpPersistentResvIn, sa: sa, hasSA: true, name: "PERSISTENT RESERVE IN (" + what + ")",
+		flags: cmdStandbyOK, pr: prAllowed, usage: []byte{0x5E, 0x1F, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0x04}}
+}
+
+// prOutCmd is the entry of PERSISTENT RESERVE OUT with service action sa, named "PERSISTENT
+// RESERVE OUT (what)"; typed when the action looks at SCOPE and TYPE (CDB byte 2).
+func prOutCmd(sa uint8, what string, typed bool) cmdInfo {
+	var scopeType byte
+	if typed {
+		scopeType = 0xFF
+	}
+	return cmdInfo{op: OpPersistentResvOut, sa: sa, hasSA: true, name: "PERSISTENT RESERVE OUT (" + what + ")",
+		flags: cmdStandbyOK, pr: prOut, usage: []byte{0x5F, 0x1F, scopeType, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x04}}
 }
 
 // opIndex maps an opcode to 1 + the index of its first entry in commands (0: unsupported).

@@ -221,6 +221,34 @@ type QPAttr struct {
 	SQSigAll        bool   // query only
 }
 
+// Set copies into a the fields of from that mask selects: what a Modify records. State and
+// CurState are left alone (the transition decides the state), as are Cap and SQSigAll.
+func (a *QPAttr) Set(from *QPAttr, mask QPAttrMask) {
+	for _, f := range [...]struct {
+		attr QPAttrMask
+		set  func()
+	}{
+		{AttrAccessFlags, func() { a.AccessFlags = from.AccessFlags }},
+		{AttrPKeyIndex, func() { a.PKeyIndex = from.PKeyIndex }},
+		{AttrPort, func() { a.Port = from.Port }},
+		{AttrAV, func() { a.AV = from.AV }},
+		{AttrPathMTU, func() { a.PathMTU = from.PathMTU }},
+		{AttrTimeout, func() { a.Timeout = from.Timeout }},
+		{AttrRetryCnt, func() { a.RetryCnt = from.RetryCnt }},
+		{AttrRNRRetry, func() { a.RNRRetry = from.RNRRetry }},
+		{AttrRQPSN, func() { a.RQPSN = from.RQPSN }},
+		{AttrMaxQPRdAtomic, func() { a.MaxRdAtomic = from.MaxRdAtomic }},
+		{AttrMinRNRTimer, func() { a.MinRNRTimer = from.MinRNRTimer }},
+		{AttrSQPSN, func() { a.SQPSN = from.SQPSN }},
+		{AttrMaxDestRdAtomic, func() { a.MaxDestRdAtomic = from.MaxDestRdAtomic }},
+		{AttrDestQPN, func() { a.DestQPN = from.DestQPN }},
+	} {
+		if mask&f.attr != 0 {
+			f.set()
+		}
+	}
+}
+
 type transition struct{ req, opt QPAttrMask }
 
 // rcTransitions is the RC column of the IBA / ib_modify_qp_is_ok table (alternate-path and
@@ -294,41 +322,27 @@ func ValidateModify(cur QPState, attr *QPAttr, mask QPAttrMask, lim ModifyLimits
 	if extra := mask &^ (tr.req | tr.opt | AttrState | AttrCurState); extra != 0 {
 		return fail(ErrInvalidAttr, extra, "not allowed for this transition")
 	}
-	// Value ranges.
-	if mask&AttrAccessFlags != 0 && attr.AccessFlags&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic) != 0 {
-		return fail(ErrInvalidAttr, AttrAccessFlags, "unknown access bits")
-	}
-	if mask&AttrPKeyIndex != 0 && attr.PKeyIndex != 0 {
-		return fail(ErrInvalidAttr, AttrPKeyIndex, "only P_Key index 0 exists")
-	}
-	if mask&AttrPort != 0 && attr.Port != 1 {
-		return fail(ErrInvalidAttr, AttrPort, "only port 1 exists")
-	}
-	if mask&AttrPathMTU != 0 {
-		if attr.PathMTU.Bytes() == 0 || (lim.MaxMTU != 0 && attr.PathMTU > lim.MaxMTU) {
-			return fail(ErrInvalidAttr, AttrPathMTU, "path MTU must be 256..4096 and ≤ the port MTU")
+	// Value ranges, checked in this order.
+	for _, c := range [...]struct {
+		attr QPAttrMask
+		bad  bool
+		why  string
+	}{
+		{AttrAccessFlags, attr.AccessFlags&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic) != 0, "unknown access bits"},
+		{AttrPKeyIndex, attr.PKeyIndex != 0, "only P_Key index 0 exists"},
+		{AttrPort, attr.Port != 1, "only port 1 exists"},
+		{AttrPathMTU, attr.PathMTU.Bytes() == 0 || (lim.MaxMTU != 0 && attr.PathMTU > lim.MaxMTU), "path MTU must be 256..4096 and ≤ the port MTU"},
+		{AttrTimeout, attr.Timeout > 31, "timeout > 31"},
+		{AttrRetryCnt, attr.RetryCnt > 7, "retry_cnt > 7"},
+		{AttrRNRRetry, attr.RNRRetry > 7, "rnr_retry > 7"},
+		{AttrMinRNRTimer, attr.MinRNRTimer > 31, "min_rnr_timer > 31"},
+		{AttrRQPSN, attr.RQPSN > 0xFFFFFF, "PSN wider than 24 bits"},
+		{AttrSQPSN, attr.SQPSN > 0xFFFFFF, "PSN wider than 24 bits"},
+		{AttrDestQPN, attr.DestQPN > 0xFFFFFF || attr.DestQPN == 0, "QPN must be 1..2^24-1"},
+	} {
+		if mask&c.attr != 0 && c.bad {
+			return fail(ErrInvalidAttr, c.attr, c.why)
 		}
-	}
-	if mask&AttrTimeout != 0 && attr.Timeout > 31 {
-		return fail(ErrInvalidAttr, AttrTimeout, "timeout > 31")
-	}
-	if mask&AttrRetryCnt != 0 && attr.RetryCnt > 7 {
-		return fail(ErrInvalidAttr, AttrRetryCnt, "retry_cnt > 7")
-	}
-	if mask&AttrRNRRetry != 0 && attr.RNRRetry > 7 {
-		return fail(ErrInvalidAttr, AttrRNRRetry, "rnr_retry > 7")
-	}
-	if mask&AttrMinRNRTimer != 0 && attr.MinRNRTimer > 31 {
-		return fail(ErrInvalidAttr, AttrMinRNRTimer, "min_rnr_timer > 31")
-	}
-	if mask&AttrRQPSN != 0 && attr.RQPSN > 0xFFFFFF {
-		return fail(ErrInvalidAttr, AttrRQPSN, "PSN wider than 24 bits")
-	}
-	if mask&AttrSQPSN != 0 && attr.SQPSN > 0xFFFFFF {
-		return fail(ErrInvalidAttr, AttrSQPSN, "PSN wider than 24 bits")
-	}
-	if mask&AttrDestQPN != 0 && (attr.DestQPN > 0xFFFFFF || attr.DestQPN == 0) {
-		return fail(ErrInvalidAttr, AttrDestQPN, "QPN must be 1..2^24-1")
 	}
 	if mask&AttrMaxQPRdAtomic != 0 && int(attr.MaxRdAtomic) > lim.MaxQPRdAtom {
 		return fail(ErrInvalidAttr, AttrMaxQPRdAtomic, fmt.Sprintf("> device max %d", lim.MaxQPRdAtom))

@@ -203,3 +203,44 @@ func TestGID(t *testing.T) {
 		t.Error("default port")
 	}
 }
+
+// TestQPAttrSet: Set copies exactly the fields its mask selects, one attribute at a time, and
+// never State, CurState, Cap or SQSigAll.
+func TestQPAttrSet(t *testing.T) {
+	from := QPAttr{
+		State: QPSRTS, CurState: QPSRTR, AccessFlags: AccessRemoteRead, PKeyIndex: 3, Port: 2,
+		AV:      AddressVector{DstAddr: netip.MustParseAddr("10.0.0.2"), SrcAddr: netip.MustParseAddr("10.0.0.1")},
+		PathMTU: MTU2048, Timeout: 14, RetryCnt: 6, RNRRetry: 5, RQPSN: 0x123, SQPSN: 0x456,
+		MaxRdAtomic: 4, MaxDestRdAtomic: 8, MinRNRTimer: 12, DestQPN: 0x77,
+		Cap: QPCap{MaxSendWR: 9}, SQSigAll: true,
+	}
+	field := map[QPAttrMask]func(a *QPAttr) any{
+		AttrAccessFlags: func(a *QPAttr) any { return a.AccessFlags }, AttrPKeyIndex: func(a *QPAttr) any { return a.PKeyIndex },
+		AttrPort: func(a *QPAttr) any { return a.Port }, AttrAV: func(a *QPAttr) any { return a.AV },
+		AttrPathMTU: func(a *QPAttr) any { return a.PathMTU }, AttrTimeout: func(a *QPAttr) any { return a.Timeout },
+		AttrRetryCnt: func(a *QPAttr) any { return a.RetryCnt }, AttrRNRRetry: func(a *QPAttr) any { return a.RNRRetry },
+		AttrRQPSN: func(a *QPAttr) any { return a.RQPSN }, AttrSQPSN: func(a *QPAttr) any { return a.SQPSN },
+		AttrMaxQPRdAtomic: func(a *QPAttr) any { return a.MaxRdAtomic }, AttrMaxDestRdAtomic: func(a *QPAttr) any { return a.MaxDestRdAtomic },
+		AttrMinRNRTimer: func(a *QPAttr) any { return a.MinRNRTimer }, AttrDestQPN: func(a *QPAttr) any { return a.DestQPN },
+	}
+	for bit, get := range field {
+		var a QPAttr
+		a.Set(&from, bit)
+		want := QPAttr{}
+		if get(&a) != get(&from) {
+			t.Errorf("Set(%v): field not copied: %v, want %v", bit, get(&a), get(&from))
+		}
+		for other, g := range field {
+			if other != bit && g(&a) != g(&want) {
+				t.Errorf("Set(%v) also changed the field of %v to %v", bit, other, g(&a))
+			}
+		}
+	}
+	var a QPAttr
+	a.Set(&from, attrAll)
+	keep := from
+	keep.State, keep.CurState, keep.Cap, keep.SQSigAll = 0, 0, QPCap{}, false
+	if a != keep {
+		t.Errorf("Set(all) = %+v, want %+v", a, keep)
+	}
+}

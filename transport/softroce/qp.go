@@ -293,21 +293,14 @@ func (q *qp) modifyLocked(attr *transport.QPAttr, mask transport.QPAttrMask) err
 		q.reset()
 		return nil
 	}
-	if mask&transport.AttrAccessFlags != 0 {
-		q.attr.AccessFlags = attr.AccessFlags
-	}
+	q.attr.Set(attr, mask)
 	if mask&transport.AttrAV != 0 {
 		q.av = attr.AV
-		q.attr.AV = attr.AV
 		q.src = netip.AddrPortFrom(attr.AV.SrcAddr, q.dev.port)
 		q.dst = attr.AV.Dst()
 	}
 	if mask&transport.AttrPathMTU != 0 {
-		q.attr.PathMTU = attr.PathMTU
 		q.mtu = attr.PathMTU.Bytes()
-	}
-	if mask&transport.AttrDestQPN != 0 {
-		q.attr.DestQPN = attr.DestQPN
 	}
 	if mask&transport.AttrRQPSN != 0 {
 		q.resp.psn = wire.PSN(attr.RQPSN)
@@ -317,23 +310,16 @@ func (q *qp) modifyLocked(attr *transport.QPAttr, mask transport.QPAttrMask) err
 		q.req.high = q.req.psn
 		q.comp.psn = wire.PSN(attr.SQPSN)
 	}
-	if mask&transport.AttrMinRNRTimer != 0 {
-		q.attr.MinRNRTimer = attr.MinRNRTimer
-	}
 	if mask&transport.AttrTimeout != 0 {
-		q.attr.Timeout = attr.Timeout
 		q.timeout = ackTimeout(attr.Timeout)
 	}
 	if mask&transport.AttrRetryCnt != 0 {
-		q.attr.RetryCnt = attr.RetryCnt
 		q.comp.retryCnt = int(attr.RetryCnt)
 	}
 	if mask&transport.AttrRNRRetry != 0 {
-		q.attr.RNRRetry = attr.RNRRetry
 		q.comp.rnrRetry = int(attr.RNRRetry)
 	}
 	if mask&transport.AttrMaxQPRdAtomic != 0 {
-		q.attr.MaxRdAtomic = attr.MaxRdAtomic
 		n := 0
 		if attr.MaxRdAtomic > 0 {
 			n = roundPow2(int(attr.MaxRdAtomic))
@@ -343,7 +329,6 @@ func (q *qp) modifyLocked(attr *transport.QPAttr, mask transport.QPAttrMask) err
 		q.maxRdAtomic = n
 	}
 	if mask&transport.AttrMaxDestRdAtomic != 0 {
-		q.attr.MaxDestRdAtomic = attr.MaxDestRdAtomic
 		n := 0
 		if attr.MaxDestRdAtomic > 0 {
 			n = roundPow2(int(attr.MaxDestRdAtomic))

@@ -136,40 +136,7 @@ func (n *node) applyQP(u QPUpdate) {
 		q.state = next
 		return
 	}
-	a := &q.attr
-	if u.Mask&transport.AttrAccessFlags != 0 {
-		a.AccessFlags = u.Attr.AccessFlags
-	}
-	if u.Mask&transport.AttrAV != 0 {
-		a.AV = u.Attr.AV
-	}
-	if u.Mask&transport.AttrPathMTU != 0 {
-		a.PathMTU = u.Attr.PathMTU
-	}
-	if u.Mask&transport.AttrDestQPN != 0 {
-		a.DestQPN = u.Attr.DestQPN
-	}
-	if u.Mask&transport.AttrRQPSN != 0 {
-		a.RQPSN = u.Attr.RQPSN
-	}
-	if u.Mask&transport.AttrSQPSN != 0 {
-		a.SQPSN = u.Attr.SQPSN
-	}
-	if u.Mask&transport.AttrMaxDestRdAtomic != 0 {
-		a.MaxDestRdAtomic = u.Attr.MaxDestRdAtomic
-	}
-	if u.Mask&transport.AttrMaxQPRdAtomic != 0 {
-		a.MaxRdAtomic = u.Attr.MaxRdAtomic
-	}
-	if u.Mask&transport.AttrRetryCnt != 0 {
-		a.RetryCnt = u.Attr.RetryCnt
-	}
-	if u.Mask&transport.AttrRNRRetry != 0 {
-		a.RNRRetry = u.Attr.RNRRetry
-	}
-	if u.Mask&transport.AttrTimeout != 0 {
-		a.Timeout = u.Attr.Timeout
-	}
+	q.attr.Set(&u.Attr, u.Mask)
 	q.state = next
 }
 

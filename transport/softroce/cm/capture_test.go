@@ -168,11 +168,7 @@ func TestCaptureValues(t *testing.T) {
 	rejReq, _ := ParseREQ(rejReqs[0].mad)
 	login := req.PrivateData()[CMAHeaderLen:]
 
-	type row struct {
-		name      string
-		got, want any
-	}
-	rows := []row{
+	rows := []field{
 		// Common header / TIDs: cm_form_tid = hi_tid 2 << 32 | byte-swapped comm ID.
 		{"REQ TID", wire.MAD(req).TransactionID(), uint64(0x000000028732dd29)},
 		{"REQ TID = TID(2, comm ID)", wire.MAD(req).TransactionID(), TID(2, req.LocalCommID())},
@@ -275,11 +271,7 @@ func TestCaptureValues(t *testing.T) {
 		{"reject pcap REQ comm ID", rejReq.LocalCommID(), uint32(0xe709bab2)},
 		{"reject pcap REQ TID", wire.MAD(rejReq).TransactionID(), TID(2, 0xe709bab2)},
 	}
-	for _, r := range rows {
-		if r.got != r.want {
-			t.Errorf("%s: got %#v, want %#v", r.name, r.got, r.want)
-		}
-	}
+	checkFields(t, rows)
 	// Timers of the captured REQ as the kernel computes them.
 	if d := 2*TimeoutDuration(18) + TimeoutDuration(req.RemoteCMResponseTimeout()); d.Milliseconds() != 6144 {
 		t.Errorf("REQ timeout %v", d)

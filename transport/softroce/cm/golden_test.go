@@ -84,6 +84,22 @@ func lastQP(t *testing.T, o *Outputs, st transport.QPState) transport.QPAttr {
 
 // TestGoldenActive: we dial as ib_srp did (REQ), take the kernel target's REP (RTU) and
 // disconnect (DREQ).
+// field is one decoded value and what it should be.
+type field struct {
+	name      string
+	got, want any
+}
+
+// checkFields reports every field whose value is not the one wanted.
+func checkFields(t *testing.T, fields []field) {
+	t.Helper()
+	for _, f := range fields {
+		if f.got != f.want {
+			t.Errorf("%s: got %#v, want %#v", f.name, f.got, f.want)
+		}
+	}
+}
+
 func TestGoldenActive(t *testing.T) {
 	kREQ := madsOf(t, pcapLogin, AttrREQ)[0].mad
 	kREP := madsOf(t, pcapLogin, AttrREP)[0].mad
@@ -125,10 +141,7 @@ func TestGoldenActive(t *testing.T) {
 		t.Errorf("events %+v", o.Events)
 	}
 	rtr, rts := lastQP(t, &o, transport.QPSRTR), lastQP(t, &o, transport.QPSRTS)
-	want := []struct {
-		name      string
-		got, want any
-	}{
+	checkFields(t, []field{
 		{"RTR rq_psn = our REQ PSN", rtr.RQPSN, ourPSN},
 		{"RTS sq_psn = REP PSN", rts.SQPSN, uint32(0x589d24)},
 		{"dest QPN", rtr.DestQPN, uint32(0x11)},
@@ -140,12 +153,7 @@ func TestGoldenActive(t *testing.T) {
 		{"rnr_retry = REP RNR retry", rts.RNRRetry, uint8(7)},
 		{"timeout = cm_ack_timeout(15, 18)", rts.Timeout, uint8(19)},
 		{"AV", rtr.AV, transport.AddressVector{SrcAddr: ipIni, DstAddr: ipTgt, FlowLabel: 0x947a3, HopLimit: 64}},
-	}
-	for _, w := range want {
-		if w.got != w.want {
-			t.Errorf("%s: got %v want %v", w.name, w.got, w.want)
-		}
-	}
+	})
 
 	// Disconnect: QP to ERR, then the DREQ.
 	o.Reset()
@@ -202,10 +210,7 @@ func TestGoldenPassive(t *testing.T) {
 		t.Fatalf("QP updates %+v", o.QP)
 	}
 	rtr, rts := o.QP[1].Attr, o.QP[2].Attr
-	want := []struct {
-		name      string
-		got, want any
-	}{
+	checkFields(t, []field{
 		{"access", o.QP[0].Attr.AccessFlags, transport.AccessRemoteWrite | transport.AccessRemoteRead | transport.AccessRemoteAtomic},
 		{"RTR rq_psn = our REP PSN", rtr.RQPSN, ourPSN},
 		{"RTS sq_psn = REQ PSN", rts.SQPSN, uint32(0x05b979)},
@@ -217,12 +222,7 @@ func TestGoldenPassive(t *testing.T) {
 		{"rnr_retry from REQ", rts.RNRRetry, uint8(7)},
 		{"timeout = REQ local ACK timeout", rts.Timeout, uint8(19)},
 		{"AV", rtr.AV, transport.AddressVector{SrcAddr: ipTgt, DstAddr: ipIni, FlowLabel: 0x947a3, HopLimit: 64}},
-	}
-	for _, w := range want {
-		if w.got != w.want {
-			t.Errorf("%s: got %v want %v", w.name, w.got, w.want)
-		}
-	}
+	})
 
 	// RTU → established.
 	o.Reset()

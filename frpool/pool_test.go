@@ -98,6 +98,16 @@ func (e *env) get(i, n int) *Reg {
 	return r
 }
 
+// registered is get and a Register that must succeed.
+func (e *env) registered(i, n int) *Reg {
+	e.t.Helper()
+	r := e.get(i, n)
+	if err := e.p.Register(r); err != nil {
+		e.t.Fatalf("register: %v", err)
+	}
+	return r
+}
+
 func (e *env) execAll() {
 	for e.qp.exec() {
 	}
@@ -133,10 +143,7 @@ func (e *env) noViolations() {
 func TestKeyAdvancesAndLocalInvNamesRegisteredKey(t *testing.T) {
 	e := newEnv(t, Config{NumMRs: 1})
 	init := e.p.slots[0].mr.RKey()
-	a := e.get(0, 1)
-	if err := e.p.Register(a); err != nil {
-		t.Fatal(err)
-	}
+	a := e.registered(0, 1)
 	k1 := a.RKey()
 	if k1 != init&^0xff|(init+1)&0xff {
 		t.Fatalf("first key %#x, initial %#x", k1, init)
@@ -242,10 +249,7 @@ func TestKeyWrapAndLiveKeysSkipped(t *testing.T) {
 	var keys []uint32
 	// 255 registrations whose invalidations stay unconfirmed: their keys are all "maybe live".
 	for i := 0; i < 255; i++ {
-		r := e.get(0, 1)
-		if err := e.p.Register(r); err != nil {
-			t.Fatal(err)
-		}
+		r := e.registered(0, 1)
 		if err := e.p.Invalidate(r); err != nil {
 			t.Fatal(err)
 		}
@@ -262,10 +266,7 @@ func TestKeyWrapAndLiveKeysSkipped(t *testing.T) {
 		t.Fatalf("wraps %d", e.p.Stats().KeyWraps)
 	}
 	// One byte is left (the MR's initial key byte, never registered); then the key space is full.
-	r := e.get(0, 1)
-	if err := e.p.Register(r); err != nil {
-		t.Fatal(err)
-	}
+	r := e.registered(0, 1)
 	if uint8(r.RKey()) != uint8(s.mr.RKey()) {
 		t.Fatalf("last free byte: %#x, initial %#x", r.RKey(), s.mr.RKey())
 	}
@@ -285,19 +286,13 @@ func TestKeyWrapAndLiveKeysSkipped(t *testing.T) {
 	if e.p.Stats().Invalidating != 0 {
 		t.Fatalf("%+v", e.p.Stats())
 	}
-	r2 := e.get(0, 1)
-	if err := e.p.Register(r2); err != nil {
-		t.Fatal(err)
-	}
+	r2 := e.registered(0, 1)
 	e.noViolations()
 	// 600 more registrations with prompt confirmation: keys cycle mod 256.
 	prev := r2.RKey()
 	for i := 0; i < 600; i++ {
 		_ = e.p.Invalidate(r2)
-		r2 = e.get(0, 1)
-		if err := e.p.Register(r2); err != nil {
-			t.Fatal(err)
-		}
+		r2 = e.registered(0, 1)
 		if want := prev&^0xff | (prev+1)&0xff; r2.RKey() != want {
 			t.Fatalf("key %#x after %#x", r2.RKey(), prev)
 		}
@@ -458,10 +453,7 @@ func TestRemoteInvalidationReportOrder(t *testing.T) {
 				}
 				return e.p.HandleRecvCompletion(&wc)
 			}
-			a := e.get(0, 1)
-			if err := e.p.Register(a); err != nil {
-				t.Fatal(err)
-			}
+			a := e.registered(0, 1)
 			e.execAll()
 			ka := a.RKey()
 			e.qp.remoteInvalidate(ka) // the peer's SEND_WITH_INV: a is VALID, accepted
@@ -530,10 +522,7 @@ func TestRemoteInvalidationReportOrder(t *testing.T) {
 			if err := e.p.Invalidate(b); err != nil { // give the handle back
 				t.Fatal(err)
 			}
-			c := e.get(2, 1)
-			if err := e.p.Register(c); err != nil {
-				t.Fatal(err)
-			}
+			e.registered(2, 1)
 			e.noViolations()
 		})
 	}
@@ -575,10 +564,7 @@ func TestRemoteInvalidationMismatchQuarantines(t *testing.T) {
 	if _, ok := e.dev.remoteAccess(e.keys[a], e.buf(0, 1)[0].Addr, []byte{1}, true); ok {
 		t.Fatal("old key still valid after re-creation")
 	}
-	b := e.get(1, 1)
-	if err := e.p.Register(b); err != nil {
-		t.Fatal(err)
-	}
+	e.registered(1, 1)
 	e.noViolations()
 }
 
@@ -608,10 +594,7 @@ func TestQPErrorLogging(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, Config{NumMRs: 1})
-			a := e.get(0, 1)
-			if err := e.p.Register(a); err != nil {
-				t.Fatal(err)
-			}
+			e.registered(0, 1)
 			tc.cause(e)
 			e.execAll()
 			e.deliver()
@@ -750,10 +733,7 @@ func TestRecreateFailureLeavesDeadMR(t *testing.T) {
 	if st := e.p.Stats(); st.Dead != 0 || st.Free != 1 {
 		t.Fatalf("%+v", st)
 	}
-	b := e.get(1, 1)
-	if err := e.p.Register(b); err != nil {
-		t.Fatal(err)
-	}
+	e.registered(1, 1)
 	e.noViolations()
 }
 

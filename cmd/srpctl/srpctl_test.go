@@ -76,6 +76,17 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
+	return startHarness(t, func(f *ctlapitest.Fake) ctlapi.Service {
+		f.AddSession(ctlapi.SessionInfo{ID: "demo.1", Target: "demo", Initiator: config.MakePortID(0, 9), Remote: "127.0.0.1",
+			Channels: 2, QueueDepth: 128, State: ctlapi.StateLoggedIn, LoginAt: time.Unix(1700000000, 0), LUNs: []int{0}})
+		return f
+	})
+}
+
+// startHarness serves, on a unix socket in a fresh directory, the service that svc makes of a fake
+// daemon running daemonConfig.
+func startHarness(t *testing.T, svc func(*ctlapitest.Fake) ctlapi.Service) *harness {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "srpctl")
 	if err != nil {
 		t.Fatal(err)
@@ -86,14 +97,12 @@ func newHarness(t *testing.T) *harness {
 		t.Fatal(err)
 	}
 	f := ctlapitest.NewFake(c)
-	f.AddSession(ctlapi.SessionInfo{ID: "demo.1", Target: "demo", Initiator: config.MakePortID(0, 9), Remote: "127.0.0.1",
-		Channels: 2, QueueDepth: 128, State: ctlapi.StateLoggedIn, LoginAt: time.Unix(1700000000, 0), LUNs: []int{0}})
 	sock := filepath.Join(dir, "srpd.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: ctlapi.Handler(f)}
+	srv := &http.Server{Handler: ctlapi.Handler(svc(f))}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return &harness{t: t, fake: f, socket: sock, links: &fakeLinks{}, dir: dir}

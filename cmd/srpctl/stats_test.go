@@ -2,10 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"net"
-	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,25 +14,12 @@ import (
 // newStatsHarness is newHarness with a daemon that answers GET /v1/stats with snaps in turn.
 func newStatsHarness(t *testing.T, snaps ...ctlapi.Stats) (*harness, *ctlapitest.StatsFake) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "srpctl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	c, err := config.Parse("srpd.yaml", []byte(daemonConfig))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := ctlapitest.NewStatsFake(ctlapitest.NewFake(c), snaps...)
-	sock := filepath.Join(dir, "srpd.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: ctlapi.Handler(f)}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-	return &harness{t: t, socket: sock, links: &fakeLinks{}, dir: dir}, f
+	var sf *ctlapitest.StatsFake
+	h := startHarness(t, func(f *ctlapitest.Fake) ctlapi.Service {
+		sf = ctlapitest.NewStatsFake(f, snaps...)
+		return sf
+	})
+	return h, sf
 }
 
 // statsSnaps are three snapshots 2 s apart: LUN 0 of demo reads 200 blocks of 4 KiB at 1 ms and

@@ -1,6 +1,7 @@
 package target
 
 import (
+	"cmp"
 	"context"
 	"net/netip"
 	"sync"
@@ -64,21 +65,11 @@ type BudgetConfig struct {
 }
 
 func (c BudgetConfig) withDefaults() BudgetConfig {
-	if c.MaxPendingLogins == 0 {
-		c.MaxPendingLogins = DefaultMaxPendingLogins
-	}
-	if c.MaxPendingPerSource == 0 {
-		c.MaxPendingPerSource = DefaultMaxPendingPerSource
-	}
-	if c.LoginRate == 0 {
-		c.LoginRate = DefaultLoginRate
-	}
-	if c.LoginBurst == 0 {
-		c.LoginBurst = DefaultLoginBurst
-	}
-	if c.LoginTimeout <= 0 {
-		c.LoginTimeout = DefaultLoginTimeout
-	}
+	c.MaxPendingLogins = cmp.Or(c.MaxPendingLogins, DefaultMaxPendingLogins)
+	c.MaxPendingPerSource = cmp.Or(c.MaxPendingPerSource, DefaultMaxPendingPerSource)
+	c.LoginRate = cmp.Or(c.LoginRate, DefaultLoginRate)
+	c.LoginBurst = cmp.Or(c.LoginBurst, DefaultLoginBurst)
+	positiveOr(&c.LoginTimeout, DefaultLoginTimeout)
 	return c
 }
 

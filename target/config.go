@@ -1,6 +1,7 @@
 package target
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -144,44 +145,28 @@ type Limits struct {
 }
 
 func (l Limits) withDefaults() Limits {
-	def := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&l.MaxChannels, DefaultMaxChannels)
-	def(&l.QueueDepth, DefaultQueueDepth)
-	def(&l.MaxTransfer, DefaultMaxTransfer)
-	def(&l.MaxDescriptors, DefaultMaxDescriptors)
-	def(&l.LUNWorkers, DefaultLUNWorkers)
-	if l.MaxITIULen == 0 {
-		l.MaxITIULen = DefaultMaxITIULen
-	}
-	if l.MaxTIIULen == 0 {
-		l.MaxTIIULen = DefaultMaxTIIULen
-	}
-	if l.BufFormats == 0 {
-		l.BufFormats = SupportedBufFormats
-	}
-	if l.TeardownTimeout <= 0 {
-		l.TeardownTimeout = DefaultTeardownTimeout
-	}
-	if l.LogoutTimeout <= 0 {
-		l.LogoutTimeout = DefaultLogoutTimeout
-	}
-	if l.MaxSessions == 0 {
-		l.MaxSessions = DefaultMaxSessions
-	}
-	if l.KeepAliveInterval == 0 {
-		l.KeepAliveInterval = DefaultKeepAliveInterval
-	}
-	if l.StallTimeout == 0 {
-		l.StallTimeout = DefaultStallTimeout
-	}
-	if l.MaxInitiatorDepth == 0 {
-		l.MaxInitiatorDepth = 4
-	}
+	positiveOr(&l.MaxChannels, DefaultMaxChannels)
+	positiveOr(&l.QueueDepth, DefaultQueueDepth)
+	positiveOr(&l.MaxTransfer, DefaultMaxTransfer)
+	positiveOr(&l.MaxDescriptors, DefaultMaxDescriptors)
+	positiveOr(&l.LUNWorkers, DefaultLUNWorkers)
+	l.MaxITIULen = cmp.Or(l.MaxITIULen, DefaultMaxITIULen)
+	l.MaxTIIULen = cmp.Or(l.MaxTIIULen, DefaultMaxTIIULen)
+	l.BufFormats = cmp.Or(l.BufFormats, SupportedBufFormats)
+	positiveOr(&l.TeardownTimeout, DefaultTeardownTimeout)
+	positiveOr(&l.LogoutTimeout, DefaultLogoutTimeout)
+	l.MaxSessions = cmp.Or(l.MaxSessions, DefaultMaxSessions)
+	l.KeepAliveInterval = cmp.Or(l.KeepAliveInterval, DefaultKeepAliveInterval)
+	l.StallTimeout = cmp.Or(l.StallTimeout, DefaultStallTimeout)
+	l.MaxInitiatorDepth = cmp.Or(l.MaxInitiatorDepth, 4)
 	return l
+}
+
+// positiveOr sets *v to d unless it is positive.
+func positiveOr[T int | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }
 
 // maintenancePeriod is the channels' maintenance tick: a quarter of the keep-alive interval or

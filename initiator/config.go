@@ -160,22 +160,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.LoginForm > LoginIBCM {
 		return c, fmt.Errorf("initiator: unknown login form %d", c.LoginForm)
 	}
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	defD := func(v *time.Duration, d time.Duration) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	def(&c.ChCount, DefaultChCount)
-	def(&c.QueueDepth, DefaultQueueDepth)
-	def(&c.MaxIOSize, DefaultMaxIOSize)
-	def(&c.CmdSGEntries, DefaultCmdSGEntries)
-	def(&c.MaxImmediateData, DefaultMaxImmediateData)
-	def(&c.MaxRetries, DefaultMaxRetries)
+	c.ChCount = cmp.Or(c.ChCount, DefaultChCount)
+	c.QueueDepth = cmp.Or(c.QueueDepth, DefaultQueueDepth)
+	c.MaxIOSize = cmp.Or(c.MaxIOSize, DefaultMaxIOSize)
+	c.CmdSGEntries = cmp.Or(c.CmdSGEntries, DefaultCmdSGEntries)
+	c.MaxImmediateData = cmp.Or(c.MaxImmediateData, DefaultMaxImmediateData)
+	c.MaxRetries = cmp.Or(c.MaxRetries, DefaultMaxRetries)
 	attr := c.Device.Attr()
 	if c.MaxPagesPerMR == 0 {
 		c.MaxPagesPerMR = DefaultMaxPagesPerMR
@@ -183,13 +173,13 @@ func (c Config) withDefaults() (Config, error) {
 			c.MaxPagesPerMR = attr.MaxMRPages
 		}
 	}
-	defD(&c.CommandTimeout, DefaultCommandTimeout)
-	defD(&c.TaskMgmtTimeout, DefaultTaskMgmtTimeout)
-	defD(&c.ConnectTimeout, DefaultConnectTimeout)
-	defD(&c.ReconnectDelay, DefaultReconnectDelay)
-	defD(&c.FastIOFailTmo, DefaultFastIOFailTmo)
-	defD(&c.DevLossTmo, DefaultDevLossTmo)
-	defD(&c.TeardownTimeout, DefaultTeardownTimeout)
+	c.CommandTimeout = cmp.Or(c.CommandTimeout, DefaultCommandTimeout)
+	c.TaskMgmtTimeout = cmp.Or(c.TaskMgmtTimeout, DefaultTaskMgmtTimeout)
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
+	c.ReconnectDelay = cmp.Or(c.ReconnectDelay, DefaultReconnectDelay)
+	c.FastIOFailTmo = cmp.Or(c.FastIOFailTmo, DefaultFastIOFailTmo)
+	c.DevLossTmo = cmp.Or(c.DevLossTmo, DefaultDevLossTmo)
+	c.TeardownTimeout = cmp.Or(c.TeardownTimeout, DefaultTeardownTimeout)
 	if c.MaxReconnectDelay == 0 && c.ReconnectDelay > 0 {
 		c.MaxReconnectDelay = 16 * c.ReconnectDelay
 	}

@@ -498,6 +498,9 @@ nbd_compare() {
     jobs=("${keep[@]}")
   fi
   local -A val=() lat=() p99=() cpu=() rval=() rlat=() rp99=() rcpu=()
+  # Per process: cpu1 (the first of a set-up's processes: the target of a split set-up, the
+  # server otherwise), cpu2 (a split set-up's initiator), fcpu (fio, the NBD client).
+  local -A cpu1=() cpu2=() fcpu=() rcpu1=() rcpu2=() rfcpu=()
   local unit rep
   # REPEAT rounds of every job against every server, interleaved (the machine's load drifts
   # over minutes); the summary takes each figure's median over the rounds.
@@ -509,10 +512,11 @@ nbd_compare() {
       [[ $rw == *write* ]] && dir="write"
       for s in "${servers[@]}"; do
         out="$work/$name.$s.json"
-        local c0 t0 t1 ios
+        local c0 c1 t0 t1 ios wall
         local -a cp
         read -r -a cp <<<"${cpupids[$s]}"
         c0=$(ticks "${cp[@]}")
+        c1=$(ticks "${cp[0]}")
         t0=$(date +%s%N)
         timeout $((RUNTIME + RAMP + 60)) fio --name="$name" --ioengine=nbd --uri="${uri[$s]}" --rw="$rw" --bs="$bs" \
           --iodepth="$qd" --size="$SIZE" --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" \
@@ -528,13 +532,21 @@ nbd_compare() {
         # CPU time of the server's processes per I/O (ramp included: I/Os estimated from the
         # IOPS over the whole job's wall time).
         ios=$(jq -r ".jobs[0].$dir.iops" "$out")
-        cpu[$name.$s]=$(jq -n "if $ios == 0 then 0 else ($(ticks "${cp[@]}") - $c0) / $(getconf CLK_TCK) * 1e6 / ($ios * ($t1 - $t0) / 1e9) end")
+        wall=$(jq -n "$ios * ($t1 - $t0) / 1e9") # I/Os over the job's wall time
+        cpu[$name.$s]=$(jq -n "if $wall == 0 then 0 else ($(ticks "${cp[@]}") - $c0) / $(getconf CLK_TCK) * 1e6 / $wall end")
+        cpu1[$name.$s]=$(jq -n "if $wall == 0 then 0 else ($(ticks "${cp[0]}") - $c1) / $(getconf CLK_TCK) * 1e6 / $wall end")
+        cpu2[$name.$s]=$(jq -n "${cpu[$name.$s]} - ${cpu1[$name.$s]}")
+        # fio's own CPU (usr_cpu and sys_cpu are percentages of its measured runtime).
+        fcpu[$name.$s]=$(jq -r "if .jobs[0].$dir.iops == 0 then 0 else (.jobs[0].usr_cpu + .jobs[0].sys_cpu) * 1e4 / .jobs[0].$dir.iops end" "$out")
         printf '%-20s %-12s %10.1f %-5s  mean %9.1f us  p99 %9.1f us  cpu %7.1f us/IO\n' "$name" "$s" "${val[$name.$s]}" "$unit" \
           "${lat[$name.$s]}" "${p99[$name.$s]}" "${cpu[$name.$s]}"
         rval[$name.$s]+=" ${val[$name.$s]}"
         rlat[$name.$s]+=" ${lat[$name.$s]}"
         rp99[$name.$s]+=" ${p99[$name.$s]}"
         rcpu[$name.$s]+=" ${cpu[$name.$s]}"
+        rcpu1[$name.$s]+=" ${cpu1[$name.$s]}"
+        rcpu2[$name.$s]+=" ${cpu2[$name.$s]}"
+        rfcpu[$name.$s]+=" ${fcpu[$name.$s]}"
       done
     done
   done
@@ -545,6 +557,9 @@ nbd_compare() {
       lat[$name.$s]=$(median "${rlat[$name.$s]}")
       p99[$name.$s]=$(median "${rp99[$name.$s]}")
       cpu[$name.$s]=$(median "${rcpu[$name.$s]}")
+      cpu1[$name.$s]=$(median "${rcpu1[$name.$s]}")
+      cpu2[$name.$s]=$(median "${rcpu2[$name.$s]}")
+      fcpu[$name.$s]=$(median "${rfcpu[$name.$s]}")
     done
   done
 
@@ -609,6 +624,27 @@ nbd_compare() {
     read -r name _ _ _ _ <<<"$j"
     row=$(printf '%-20s %-8s |' "$name" "us/IO")
     for s in "${servers[@]}"; do row+=$(printf " %$(col "$s").1f" "${cpu[$name.$s]}"); done
+    echo "$row"
+  done
+  # The same by process, with fio's: where a set-up's CPU goes. On a machine whose CPUs the
+  # run fills, throughput follows the sum: a split set-up's initiator alone (an NBD server and an
+  # SRP initiator) against a TCP server's whole process shows what its target may cost.
+  echo
+  echo "== CPU time per I/O by process, us: fio (the NBD client) + the server's processes (split set-ups: target + initiator)"
+  hdr=$(printf '%-20s |' job)
+  for s in "${servers[@]}"; do hdr+=$(printf " %28s" "$s"); done
+  echo "$hdr"
+  for j in "${jobs[@]}"; do
+    read -r name _ _ _ _ <<<"$j"
+    row=$(printf '%-20s |' "$name")
+    for s in "${servers[@]}"; do
+      if [[ " ${splits[*]} " == *" $s "* ]]; then
+        row+=$(printf " %7.1f + %6.1f + %6.1f =%5.0f" "${fcpu[$name.$s]}" "${cpu1[$name.$s]}" "${cpu2[$name.$s]}" \
+          "$(jq -n "${fcpu[$name.$s]} + ${cpu[$name.$s]}")")
+      else
+        row+=$(printf " %16.1f + %6.1f =%5.0f" "${fcpu[$name.$s]}" "${cpu[$name.$s]}" "$(jq -n "${fcpu[$name.$s]} + ${cpu[$name.$s]}")")
+      fi
+    done
     echo "$row"
   done
   local refb=""

@@ -210,6 +210,8 @@ func (c *channel) recvWC(wc *transport.WC, i uint32) error {
 	c.recvPosted--
 	if err := c.pool.HandleRecvCompletion(wc); err != nil {
 		c.log.Warn("remote invalidation refused by the MR pool", zap.Uint32("rkey", wc.InvalidatedRKey), zap.Error(err))
+	} else if wc.Flags&transport.WCWithInvalidate != 0 {
+		c.s.stats.remoteInvs.Add(1)
 	}
 	err := c.handleIU(c.rxBuf(int(i), wc.ByteLen))
 	if perr := c.postRecv(int(i)); perr != nil && err == nil {

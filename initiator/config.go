@@ -103,6 +103,12 @@ type Config struct {
 	DisableImmediateData bool
 	// MaxImmediateData is the largest write sent as immediate data (ib_srp's max_imm_data).
 	MaxImmediateData int
+	// DisableRemoteInvalidate does not offer srpd's remote-invalidation extension at login
+	// (srp.ExtRemoteInvalidate, offered by default): an srpd target that grants it answers a
+	// command with one registration by SEND_WITH_INV of its key, which saves the LOCAL_INV
+	// before the buffer is reused. Kernel targets never grant it; the offer sits in a byte
+	// they ignore.
+	DisableRemoteInvalidate bool
 	// DisableIndirect does not offer indirect descriptors (REQUIRED BUFFER FORMATS direct only);
 	// commands then use one MR each. A target that rejects the format choice is asked again
 	// with direct descriptors only in any case.

@@ -27,10 +27,11 @@ type loginParams struct {
 
 // connParams are what one login negotiated.
 type connParams struct {
-	txIULen  int // MAX IT IU LEN in force: our SRP_CMD IUs never exceed it
-	rxIULen  int // MAX TI IU LEN: size of our receive buffers
-	maxDescs int // direct descriptors per command (1: direct only)
-	maxImm   int // largest immediate-data write (0: none)
+	txIULen  int  // MAX IT IU LEN in force: our SRP_CMD IUs never exceed it
+	rxIULen  int  // MAX TI IU LEN: size of our receive buffers
+	maxDescs int  // direct descriptors per command (1: direct only)
+	maxImm   int  // largest immediate-data write (0: none)
+	remInv   bool // the target answers with SEND_WITH_INV (srp.ExtRemoteInvalidate granted)
 	credits  int32
 }
 
@@ -99,6 +100,9 @@ func (s *Session) login(ctx context.Context, c *channel, multi bool) error {
 			req.Flags |= srp.ImmedRequested
 			req.ImmDataOffset = srp.DefaultImmDataOffset
 		}
+		if !cfg.DisableRemoteInvalidate {
+			req.Ext |= srp.ExtRemoteInvalidate
+		}
 		var buf [srp.LoginReqLen]byte
 		var n int
 		if cfg.LoginForm == LoginIBCM {
@@ -160,7 +164,8 @@ func (s *Session) login(ctx context.Context, c *channel, multi bool) error {
 		}
 		c.log.Info("channel logged in", zap.Uint32("qpn", qp.QPN()), zap.Bool("multi", multi),
 			zap.Int32("credits", p.credits), zap.Int("max_it_iu_len", p.txIULen), zap.Int("max_ti_iu_len", p.rxIULen),
-			zap.Int("max_descriptors", p.maxDescs), zap.Int("max_immediate", p.maxImm))
+			zap.Int("max_descriptors", p.maxDescs), zap.Int("max_immediate", p.maxImm),
+			zap.Bool("remote_invalidate", p.remInv))
 		return nil
 	}
 }
@@ -197,6 +202,7 @@ func (s *Session) checkLoginRsp(b []byte, req *srp.LoginReq) (connParams, error)
 	if req.Flags&srp.ImmedRequested != 0 && rsp.Flags()&srp.ImmedSupported != 0 {
 		p.maxImm = max(0, min(s.cfg.MaxImmediateData, tx-srp.DefaultImmDataOffset))
 	}
+	p.remInv = req.Ext&rsp.Ext()&srp.ExtRemoteInvalidate != 0
 	p.credits = max(rsp.ReqLimDelta(), 0)
 	return p, nil
 }

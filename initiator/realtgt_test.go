@@ -233,3 +233,61 @@ func TestRealTarget(t *testing.T) {
 		})
 	}
 }
+
+// TestRealTargetRemoteInvalidate: srpd's remote-invalidation extension between our initiator
+// and our target. Granted, every command whose data went through one registration comes back
+// as SEND_WITH_INV of its key (the target's count of such responses equals the registrations
+// the initiator's pool saw invalidated remotely), and the data stays right; refused by either
+// side (the offer not made, or not granted), none does.
+func TestRealTargetRemoteInvalidate(t *testing.T) {
+	for _, sc := range []struct {
+		name      string
+		lim       target.Limits
+		noOffer   bool
+		udp       bool
+		indirect  bool
+		wantNone  bool
+		wantGrant bool
+	}{
+		{name: "granted", wantGrant: true},
+		{name: "granted-udp-indirect", udp: true, indirect: true, wantGrant: true},
+		{name: "target-refuses", lim: target.Limits{DisableRemoteInvalidate: true}, wantNone: true},
+		{name: "initiator-does-not-offer", noOffer: true, wantNone: true},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			e := newRealEnv(t, sc.udp, link.PipeConfig{}, sc.lim, 1, 16<<20)
+			cfg := e.config()
+			cfg.QueueDepth = 32
+			cfg.DisableRemoteInvalidate = sc.noOffer
+			if sc.indirect {
+				cfg.MaxPagesPerMR, cfg.CmdSGEntries = 4, 16 // larger commands take several MRs
+			}
+			s := e.dial(cfg)
+			l := s.LUNs()[0]
+			m := newModel(int(l.Size())/l.BlockSize(), l.BlockSize())
+			ctx := ctxT(t, 2*time.Minute)
+			runWorkload(ctx, t, l, m, workloadOpts{ops: scaled(20), qds: []int{1, 16}, maxSize: 256 << 10, mixed: true})
+			verifyAll(ctx, t, l, m)
+
+			var granted bool
+			var tinv uint64
+			for _, ss := range e.tgt.Sessions() {
+				for _, c := range ss.Channels {
+					granted = granted || c.RemoteInvalidate
+					tinv += c.RemoteInvs
+				}
+			}
+			iinv := s.Stats().RemoteInvalidations
+			t.Logf("granted %v; target sent %d SEND_WITH_INV, initiator saw %d remote invalidations", granted, tinv, iinv)
+			if granted != sc.wantGrant {
+				t.Errorf("extension granted = %v, want %v", granted, sc.wantGrant)
+			}
+			if sc.wantNone && (tinv != 0 || iinv != 0) {
+				t.Errorf("remote invalidations: target %d, initiator %d; want none", tinv, iinv)
+			}
+			if sc.wantGrant && (tinv == 0 || tinv != iinv) {
+				t.Errorf("remote invalidations: target %d, initiator %d; want equal and > 0", tinv, iinv)
+			}
+		})
+	}
+}

@@ -37,7 +37,10 @@ type Stats struct {
 	CredReqs       uint64 // SRP_CRED_REQs answered
 	AerReqs        uint64 // SRP_AER_REQs answered
 	Rescans        uint64 // background rescans after unit attentions (LUNs or capacity changed)
-	LiveChannels   int
+	// RemoteInvalidations counts registrations the target invalidated with its response
+	// (SEND_WITH_INV; Config.DisableRemoteInvalidate): each saved a LOCAL_INV.
+	RemoteInvalidations uint64
+	LiveChannels        int
 }
 
 // countRW counts the bytes of a READ(16)/WRITE(16) that completed GOOD.
@@ -52,7 +55,7 @@ func (c *counters) countRW(write bool, n int) {
 type counters struct {
 	commands, imm, direct, retries, uas, timeouts, aborts, lunResets, taskMgmt atomic.Uint64
 	reconnects, creditWaits, staleRsps, credReqs, aerReqs                      atomic.Uint64
-	handlerBatches, rescans                                                    atomic.Uint64
+	handlerBatches, rescans, remoteInvs                                        atomic.Uint64
 	bytesRead, bytesWritten                                                    atomic.Uint64
 }
 
@@ -201,6 +204,7 @@ func (s *Session) Stats() Stats {
 		CreditWaits: c.creditWaits.Load(), StaleResponses: c.staleRsps.Load(), CredReqs: c.credReqs.Load(),
 		AerReqs: c.aerReqs.Load(), HandlerBatches: c.handlerBatches.Load(), LiveChannels: s.liveChannels(),
 		BytesRead: c.bytesRead.Load(), BytesWritten: c.bytesWritten.Load(), Rescans: c.rescans.Load(),
+		RemoteInvalidations: c.remoteInvs.Load(),
 	}
 }
 

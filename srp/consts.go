@@ -138,6 +138,24 @@ const (
 	ImmedSupported      LoginRspFlags = 0x80 // SRP-2: SRP_LOGIN_RSP_IMMED_SUPP
 )
 
+// Ext is srpd's extension byte, carried in a byte SRP reserves: SRP_LOGIN_REQ byte 27 (the
+// 64-byte form), struct srp_login_req_rdma byte 50 (the first of its reserved bytes) and
+// SRP_LOGIN_RSP byte 27. Conforming peers write reserved bytes as zero and ignore them
+// (torvalds/linux:drivers/infiniband/ulp/srpt/ib_srpt.c srpt_rdma_cm_req_recv copies only the
+// named fields of srp_login_req_rdma; ib_srp.c reads none of SRP_LOGIN_RSP's reserved bytes), so
+// a kernel peer never sends an extension and never sees one: a target answers an extension
+// only when the initiator's request carried it.
+type Ext uint8
+
+// The extensions. A target grants a subset of what the request offers.
+const (
+	// ExtRemoteInvalidate: REQ, the initiator handles SEND_WITH_INV (a response that invalidates
+	// the memory registration of its command, IB remote invalidation); RSP, the target answers
+	// a command whose data travels through one direct descriptor with SEND_WITH_INV of that
+	// descriptor's key, so the initiator need not post a LOCAL_INV before reusing its buffer.
+	ExtRemoteInvalidate Ext = 0x01
+)
+
 // RejectReason is SRP_LOGIN_REJ's REASON field.
 type RejectReason uint32
 

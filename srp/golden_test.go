@@ -607,3 +607,40 @@ func TestRspSenseTruncation(t *testing.T) {
 		t.Fatal(n, err)
 	}
 }
+
+// TestGoldenLoginExt: srpd's extension byte sits in bytes SRP reserves (LOGIN_REQ 27, the RDMA
+// CM form's 50, LOGIN_RSP 27), and the kernel's own login (the capture) carries none.
+func TestGoldenLoginExt(t *testing.T) {
+	if r, err := DecodeLoginReqRDMA(capLoginReqRDMA); err != nil || r.Ext != 0 {
+		t.Fatalf("kernel REQ: ext %#x, %v", r.Ext, err)
+	}
+	if r, err := ParseLoginRsp(capLoginRsp); err != nil || r.Ext() != 0 {
+		t.Fatalf("kernel RSP: %v", err)
+	}
+	rd := append([]byte(nil), capLoginReqRDMA...)
+	rd[50] = byte(ExtRemoteInvalidate)
+	if r, err := DecodeLoginReqRDMA(rd); err != nil || r.Ext != ExtRemoteInvalidate {
+		t.Fatalf("RDMA form byte 50: ext %#x, %v", r.Ext, err)
+	}
+	ib := append([]byte(nil), kLoginReq...)
+	ib[27] = byte(ExtRemoteInvalidate)
+	if r, err := DecodeLoginReq(ib); err != nil || r.Ext != ExtRemoteInvalidate {
+		t.Fatalf("IB form byte 27: ext %#x, %v", r.Ext, err)
+	}
+	rsp := make([]byte, LoginRspLen)
+	if _, err := LoginRsp(rsp).Encode(&LoginRspFields{Ext: ExtRemoteInvalidate}); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range rsp {
+		want := byte(0)
+		switch i {
+		case 0:
+			want = byte(OpLoginRsp)
+		case 27:
+			want = byte(ExtRemoteInvalidate)
+		}
+		if b != want {
+			t.Fatalf("LOGIN_RSP byte %d = %#x, want %#x", i, b, want)
+		}
+	}
+}

@@ -13,6 +13,7 @@ type LoginReq struct {
 	ImmDataOffset   uint16 // SRP-2; meaningful when Flags has ImmedRequested
 	InitiatorPortID PortID
 	TargetPortID    PortID
+	Ext             Ext // srpd's extensions (a reserved byte; zero from other initiators)
 }
 
 // MultiChannel returns the MULTI-CHANNEL ACTION (MultiChanSingle or
@@ -25,6 +26,7 @@ const (
 	lrqITIULen   = 16
 	lrqBufFmt    = 24
 	lrqFlags     = 26
+	lrqExt       = 27 // reserved in SRP; srpd's Ext
 	lrqImmOff    = 28
 	lrqInitiator = 32
 	lrqTarget    = 48
@@ -40,6 +42,7 @@ const (
 	lrrInitiator = 16
 	lrrTarget    = 32
 	lrrImmOff    = 48
+	lrrExt       = 50 // the first reserved byte; srpd's Ext
 )
 
 // DecodeLoginReq decodes the 64-byte form. Longer buffers are accepted
@@ -53,6 +56,7 @@ func DecodeLoginReq(b []byte) (LoginReq, error) {
 	r.ReqITIULen = be.Uint32(b[lrqITIULen:])
 	r.BufFmt = BufFormats(be.Uint16(b[lrqBufFmt:]))
 	r.Flags = LoginFlags(b[lrqFlags])
+	r.Ext = Ext(b[lrqExt])
 	r.ImmDataOffset = be.Uint16(b[lrqImmOff:])
 	copy(r.InitiatorPortID[:], b[lrqInitiator:])
 	copy(r.TargetPortID[:], b[lrqTarget:])
@@ -77,6 +81,7 @@ func DecodeLoginReqRDMA(b []byte) (LoginReq, error) {
 	copy(r.InitiatorPortID[:], b[lrrInitiator:])
 	copy(r.TargetPortID[:], b[lrrTarget:])
 	r.ImmDataOffset = be.Uint16(b[lrrImmOff:])
+	r.Ext = Ext(b[lrrExt])
 	return r, nil
 }
 
@@ -89,6 +94,7 @@ func (r *LoginReq) Encode(b []byte) (int, error) {
 	be.PutUint32(b[lrqITIULen:], r.ReqITIULen)
 	be.PutUint16(b[lrqBufFmt:], uint16(r.BufFmt))
 	b[lrqFlags] = byte(r.Flags)
+	b[lrqExt] = byte(r.Ext)
 	be.PutUint16(b[lrqImmOff:], r.ImmDataOffset)
 	copy(b[lrqInitiator:], r.InitiatorPortID[:])
 	copy(b[lrqTarget:], r.TargetPortID[:])
@@ -110,6 +116,7 @@ func (r *LoginReq) EncodeRDMA(b []byte) (int, error) {
 	copy(b[lrrInitiator:], r.InitiatorPortID[:])
 	copy(b[lrrTarget:], r.TargetPortID[:])
 	be.PutUint16(b[lrrImmOff:], r.ImmDataOffset)
+	b[lrrExt] = byte(r.Ext)
 	return LoginReqRDMALen, nil
 }
 
@@ -125,6 +132,7 @@ type LoginRspFields struct {
 	MaxTIIULen  uint32
 	BufFmt      BufFormats // SUPPORTED BUFFER FORMATS
 	Flags       LoginRspFlags
+	Ext         Ext // srpd's extensions granted (a reserved byte; zero from other targets)
 }
 
 // ParseLoginRsp validates an SRP_LOGIN_RSP. Longer buffers (REP private
@@ -154,6 +162,12 @@ func (r LoginRsp) BufFmt() BufFormats { return BufFormats(be.Uint16(r[24:])) }
 // Flags returns RSP_FLAGS.
 func (r LoginRsp) Flags() LoginRspFlags { return LoginRspFlags(r[26]) }
 
+// Ext returns srpd's extensions the target granted (byte 27, reserved in SRP).
+func (r LoginRsp) Ext() Ext { return Ext(r[lrsExt]) }
+
+// lrsExt is the offset of Ext in SRP_LOGIN_RSP: the first of its reserved bytes 27-51.
+const lrsExt = 27
+
 // Fields returns the decoded content.
 func (r LoginRsp) Fields() LoginRspFields {
 	return LoginRspFields{
@@ -163,6 +177,7 @@ func (r LoginRsp) Fields() LoginRspFields {
 		MaxTIIULen:  r.MaxTIIULen(),
 		BufFmt:      r.BufFmt(),
 		Flags:       r.Flags(),
+		Ext:         r.Ext(),
 	}
 }
 
@@ -177,6 +192,7 @@ func (r LoginRsp) Encode(f *LoginRspFields) (int, error) {
 	be.PutUint32(r[20:], f.MaxTIIULen)
 	be.PutUint16(r[24:], uint16(f.BufFmt))
 	r[26] = byte(f.Flags)
+	r[lrsExt] = byte(f.Ext)
 	return LoginRspLen, nil
 }
 

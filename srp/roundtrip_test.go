@@ -215,6 +215,7 @@ func TestRoundTripLoginReq(t *testing.T) {
 			ImmDataOffset:   rapid.Uint16().Draw(t, "imm"),
 			InitiatorPortID: drawPortID(t, "iport"),
 			TargetPortID:    drawPortID(t, "tport"),
+			Ext:             Ext(rapid.Byte().Draw(t, "ext")),
 		}
 		var ib [LoginReqLen]byte
 		var rd [LoginReqRDMALen]byte
@@ -261,6 +262,7 @@ func TestRoundTripFixed(t *testing.T) {
 			ReqLimDelta: rapid.Int32().Draw(t, "delta"), Tag: drawTag(t, "tag"),
 			MaxITIULen: rapid.Uint32().Draw(t, "it"), MaxTIIULen: rapid.Uint32().Draw(t, "ti"),
 			BufFmt: BufFormats(rapid.Uint16().Draw(t, "fmt")), Flags: LoginRspFlags(rapid.Byte().Draw(t, "fl")),
+			Ext: Ext(rapid.Byte().Draw(t, "ext")),
 		}, LoginRspLen, LoginRsp.Encode, ParseLoginRsp, LoginRsp.Fields)
 		roundTrip(t, LoginRejFields{
 			Reason: RejectReason(rapid.Uint32().Draw(t, "reason")), Tag: drawTag(t, "tag"),

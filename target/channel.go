@@ -107,8 +107,11 @@ type channel struct {
 	pool *frpool.Pool
 
 	depth, itLen, tiLen, immOff int
-	maxDesc                     int
-	maxXfer                     int
+	// remInv: the initiator takes SEND_WITH_INV (srp.ExtRemoteInvalidate, granted at login):
+	// a response to a command with one direct descriptor invalidates its key (respondCmd).
+	remInv  bool
+	maxDesc int
+	maxXfer int
 
 	// receive ring
 	nRecv      int

@@ -339,6 +339,10 @@ func (ch *channel) respondCmd(c *ioCtx) {
 		c.remote = c.in.segments(c.remote[:0], r.xferIn)
 		c.local[0] = transport.SGE{Addr: c.dataAddr, Length: r.xferIn, LKey: ch.lkey}
 	}
+	inv, invOK := uint32(0), false
+	if ch.remInv {
+		inv, invOK = c.invalidateKey()
+	}
 	if c.slot >= 0 {
 		ch.repost(c.slot)
 		c.slot = -1
@@ -369,11 +373,32 @@ func (ch *channel) respondCmd(c *ioCtx) {
 		ch.stats.bytesIn.Add(uint64(r.xferIn))
 	}
 	ch.prepareSend(c, n, sol != 0)
+	if invOK {
+		c.sendWR[0].Opcode, c.sendWR[0].InvalidateRKey = transport.WRSendWithInv, inv
+		ch.stats.remoteInv.Add(1)
+	}
 	if st != scsi.StatusGood {
 		ch.stats.cmdErrors.Add(1)
 	}
 	ch.account(c, st, r.xferIn, r.xferOut)
 	ch.postChain(c, csSend)
+}
+
+// invalidateKey returns the key the response may invalidate at the initiator (remote
+// invalidation, SEND_WITH_INV): that of the command's one registration, when its data travels
+// through a single direct descriptor of non-zero length and there is no other descriptor. The
+// descriptor is the one the initiator named in this command, so the key is live there until the
+// response (an initiator invalidates it only after the response, or after a reset or abort that
+// this command then never answers).
+func (c *ioCtx) invalidateKey() (uint32, bool) {
+	in, out := c.in.count(), c.out.count()
+	switch {
+	case in == 1 && out == 0 && c.in.isDirect && c.in.direct.Len > 0:
+		return c.in.direct.Key, true
+	case out == 1 && in == 0 && c.out.isDirect && c.out.direct.Len > 0:
+		return c.out.direct.Key, true
+	}
+	return 0, false
 }
 
 // prepareSend prepares the SEND of n bytes of c's response buffer, signaled: its completion

@@ -81,6 +81,10 @@ type Limits struct {
 	MaxTIIULen uint32
 	// DisableImmediateData refuses SRP-2 immediate data (IMMED_SUPP is never granted).
 	DisableImmediateData bool
+	// DisableRemoteInvalidate never grants srpd's remote-invalidation extension
+	// (srp.ExtRemoteInvalidate): responses are plain SENDs even to srpd initiators that offer to
+	// take SEND_WITH_INV. Other initiators never offer it.
+	DisableRemoteInvalidate bool
 	// MaxImmediateData is the most immediate data one command may carry; 0 means whatever fits
 	// in an IU. Immediate data is granted only when the login's IU length minus its
 	// immediate-data offset does not exceed it, because Linux sizes its immediate data from its

@@ -195,6 +195,9 @@ func decideLogin(p *loginPolicy, req *srp.LoginReq, info ConnInfo, existing int)
 		d.Rsp.Flags |= srp.ImmedSupported
 		d.ImmDataOffset = off
 	}
+	if !p.lim.DisableRemoteInvalidate {
+		d.Rsp.Ext = req.Ext & srp.ExtRemoteInvalidate // only what the initiator offered
+	}
 	return d
 }
 

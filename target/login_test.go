@@ -200,6 +200,34 @@ func TestDecideLoginAccept(t *testing.T) {
 	}
 }
 
+// TestDecideLoginExt: srpd's extensions are granted only as offered (a kernel initiator offers
+// none and gets none), only the ones the target knows, and not when the target disables them.
+func TestDecideLoginExt(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		offer   srp.Ext
+		disable bool
+		want    srp.Ext
+	}{
+		{"linux: none offered", 0, false, 0},
+		{"srpd offers remote invalidation", srp.ExtRemoteInvalidate, false, srp.ExtRemoteInvalidate},
+		{"unknown bits are not granted", 0xFF, false, srp.ExtRemoteInvalidate},
+		{"unknown bits alone", 0xFE, false, 0},
+		{"disabled", srp.ExtRemoteInvalidate, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := testPolicy()
+			p.lim.DisableRemoteInvalidate = tc.disable
+			r := linuxLogin()
+			r.Ext = tc.offer
+			d := decideLogin(p, &r, ConnInfo{InitiatorDepth: 4, DepthKnown: true}, 0)
+			if !d.Accepted || d.Rsp.Ext != tc.want {
+				t.Fatalf("accepted %v, ext %#x; want %#x", d.Accepted, d.Rsp.Ext, tc.want)
+			}
+		})
+	}
+}
+
 func TestParseLoginReqForms(t *testing.T) {
 	r := linuxLogin()
 	var rdma [srp.LoginReqRDMALen]byte

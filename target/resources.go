@@ -55,6 +55,7 @@ func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *Logi
 		itLen:   itLen,
 		tiLen:   tiLen,
 		immOff:  d.ImmDataOffset,
+		remInv:  d.Rsp.Ext&srp.ExtRemoteInvalidate != 0,
 		maxDesc: maxDesc,
 		maxXfer: lim.MaxTransfer,
 		nRecv:   nRecv,

@@ -13,18 +13,20 @@ type ChannelStats struct {
 	State string
 	// QueueDepth is the credit granted at login; ReqLim the initiator's credits as the target
 	// accounts them now; PendingCredits the credits owed (aborted commands) not yet returned.
-	QueueDepth     int
-	ReqLim         int64
-	PendingCredits int64
-	MaxITIULen     int
-	MaxTIIULen     int
-	ImmDataOffset  int // 0: immediate data not granted
+	QueueDepth       int
+	ReqLim           int64
+	PendingCredits   int64
+	MaxITIULen       int
+	MaxTIIULen       int
+	ImmDataOffset    int  // 0: immediate data not granted
+	RemoteInvalidate bool // responses invalidate the command's registration (SEND_WITH_INV)
 
 	IUs          uint64 // IUs received
 	Commands     uint64 // SRP_CMDs received
 	CmdErrors    uint64 // SRP_RSPs with a status other than GOOD
 	BadCommands  uint64 // SRP_CMDs whose descriptors could not be parsed
 	ImmCommands  uint64 // SRP_CMDs with immediate data
+	RemoteInvs   uint64 // SRP_RSPs sent as SEND_WITH_INV (RemoteInvalidate)
 	ExtTables    uint64 // external indirect tables fetched
 	TaskMgmt     uint64 // SRP_TSK_MGMTs received
 	TMFailed     uint64 // task management answered with a code other than FUNCTION COMPLETE
@@ -68,15 +70,15 @@ func (c *ChannelStats) ErrorCount() uint64 {
 }
 
 type chanCounters struct {
-	ius, commands, cmdErrors, badCmds, immCmds, extTables       atomic.Uint64
-	taskMgmt, tmFailed, tmAborted, lunResets, aborted, overruns atomic.Uint64
-	parked, dropped, sqWaits, bytesIn, bytesOut, credReqs       atomic.Uint64
-	bigRW                                                       atomic.Uint64
-	tlogouts, ilogouts, badIUs, errors                          atomic.Uint64
-	reqLim, pending                                             atomic.Int64
-	returned                                                    atomic.Uint64
-	keepAlives, stalls                                          atomic.Uint64
-	responses, rspLatNS, resetUAs                               atomic.Uint64 // lunstats.go
+	ius, commands, cmdErrors, badCmds, immCmds, extTables, remoteInv atomic.Uint64
+	taskMgmt, tmFailed, tmAborted, lunResets, aborted, overruns      atomic.Uint64
+	parked, dropped, sqWaits, bytesIn, bytesOut, credReqs            atomic.Uint64
+	bigRW                                                            atomic.Uint64
+	tlogouts, ilogouts, badIUs, errors                               atomic.Uint64
+	reqLim, pending                                                  atomic.Int64
+	returned                                                         atomic.Uint64
+	keepAlives, stalls                                               atomic.Uint64
+	responses, rspLatNS, resetUAs                                    atomic.Uint64 // lunstats.go
 }
 
 func (ch *channel) snapshot() ChannelStats {
@@ -85,9 +87,11 @@ func (ch *channel) snapshot() ChannelStats {
 		ID: ch.id, QPN: ch.qp.QPN(), State: ch.st().String(),
 		QueueDepth: ch.depth, ReqLim: c.reqLim.Load(), PendingCredits: c.pending.Load(),
 		MaxITIULen: ch.itLen, MaxTIIULen: ch.tiLen, ImmDataOffset: ch.immOff,
-		IUs: c.ius.Load(), Commands: c.commands.Load(), CmdErrors: c.cmdErrors.Load(),
+		RemoteInvalidate: ch.remInv,
+		IUs:              c.ius.Load(), Commands: c.commands.Load(), CmdErrors: c.cmdErrors.Load(),
 		BadCommands: c.badCmds.Load(), ImmCommands: c.immCmds.Load(), ExtTables: c.extTables.Load(),
-		TaskMgmt: c.taskMgmt.Load(), TMFailed: c.tmFailed.Load(), TMAborted: c.tmAborted.Load(),
+		RemoteInvs: c.remoteInv.Load(),
+		TaskMgmt:   c.taskMgmt.Load(), TMFailed: c.tmFailed.Load(), TMAborted: c.tmAborted.Load(),
 		LUNResets: c.lunResets.Load(), Aborted: c.aborted.Load(), Overruns: c.overruns.Load(),
 		Parked: c.parked.Load(), Dropped: c.dropped.Load(), SQWaits: c.sqWaits.Load(),
 		BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load(), CredReqs: c.credReqs.Load(),

@@ -214,7 +214,8 @@ func (p *PendingChannel) Establish(conn transport.CMConn) (*Channel, error) {
 	t.mu.Unlock()
 	t.stats.channels.Add(1)
 	ch.log.Info("channel established", zap.Int("queue_depth", ch.depth), zap.Int("max_it_iu_len", ch.itLen),
-		zap.Int("max_ti_iu_len", ch.tiLen), zap.Int("imm_data_offset", ch.immOff))
+		zap.Int("max_ti_iu_len", ch.tiLen), zap.Int("imm_data_offset", ch.immOff),
+		zap.Bool("remote_invalidate", ch.remInv))
 	go ch.run()
 	return &Channel{ch: ch}, nil
 }

@@ -271,6 +271,10 @@ type Limits struct {
 	MaxTIIULen Size `yaml:"max_ti_iu_len" json:"max_ti_iu_len"`
 	// ImmediateData offers SRP-2 immediate data for writes (default true).
 	ImmediateData *bool `yaml:"immediate_data" json:"immediate_data"`
+	// RemoteInvalidate grants srpd initiators that offer it the remote-invalidation extension
+	// (responses as SEND_WITH_INV, saving the initiator a LOCAL_INV per command; omitted: true).
+	// Kernel initiators never offer it.
+	RemoteInvalidate *bool `yaml:"remote_invalidate,omitempty" json:"remote_invalidate,omitempty"`
 	// MaxSessions bounds the target's sessions (I_T nexuses); omitted: 1024. A login over it
 	// gets SRP_LOGIN_REJ "insufficient resources".
 	MaxSessions int `yaml:"max_sessions,omitempty" json:"max_sessions,omitempty"`
@@ -343,6 +347,9 @@ type Session struct {
 	MaxITIULen Size `yaml:"max_it_iu_len,omitempty" json:"max_it_iu_len,omitempty"`
 	// ImmediateData asks for SRP-2 immediate data (default true).
 	ImmediateData *bool `yaml:"immediate_data" json:"immediate_data"`
+	// RemoteInvalidate offers srpd targets the remote-invalidation extension at login (omitted:
+	// true); kernel targets ignore the offer.
+	RemoteInvalidate *bool `yaml:"remote_invalidate,omitempty" json:"remote_invalidate,omitempty"`
 	// ConnectTimeout bounds one connection attempt (address resolution, CM and login).
 	ConnectTimeout Duration `yaml:"connect_timeout" json:"connect_timeout"`
 	// ReconnectDelay, FastIOFailTmo and DevLossTmo are the scsi_transport_srp timers, "off" or

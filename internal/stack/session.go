@@ -63,11 +63,12 @@ func SessionConfig(s *config.Session, tr *Transport, remote netip.AddrPort, log 
 		Name: s.Name, Device: tr.Device, Dialer: &initiator.CMDialer{CM: tr.CM, Remote: remote},
 		LoginForm: initiator.LoginRDMACM, TargetPortID: s.TargetPortID.SRP(), InitiatorExt: uint64(s.InitiatorExt),
 		ChCount: s.ChCount, QueueDepth: s.QueueDepth, MaxITIULen: uint32(s.MaxITIULen), DisableImmediateData: !imm,
-		ConnectTimeout: time.Duration(s.ConnectTimeout),
-		ReconnectDelay: Timeout(s.ReconnectDelay, initiator.DefaultReconnectDelay),
-		FastIOFailTmo:  Timeout(s.FastIOFailTmo, initiator.DefaultFastIOFailTmo),
-		DevLossTmo:     Timeout(s.DevLossTmo, initiator.DefaultDevLossTmo),
-		Logger:         log,
+		DisableRemoteInvalidate: s.RemoteInvalidate != nil && !*s.RemoteInvalidate,
+		ConnectTimeout:          time.Duration(s.ConnectTimeout),
+		ReconnectDelay:          Timeout(s.ReconnectDelay, initiator.DefaultReconnectDelay),
+		FastIOFailTmo:           Timeout(s.FastIOFailTmo, initiator.DefaultFastIOFailTmo),
+		DevLossTmo:              Timeout(s.DevLossTmo, initiator.DefaultDevLossTmo),
+		Logger:                  log,
 	}
 }
 

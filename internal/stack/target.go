@@ -72,11 +72,12 @@ func TargetConfig(t *config.Target, luns map[int]*LUN, log *zap.Logger) target.C
 		Limits: target.Limits{
 			MaxChannels: t.Limits.MaxChannels, QueueDepth: t.Limits.QueueDepth,
 			MaxITIULen: uint32(t.Limits.MaxITIULen), MaxTIIULen: uint32(t.Limits.MaxTIIULen),
-			DisableImmediateData: !imm,
-			MaxSessions:          t.Limits.MaxSessions,
-			MaxMemory:            int64(t.Limits.MaxRegisteredMemory),
-			KeepAliveInterval:    timeoutOrOff(t.Limits.KeepaliveInterval),
-			StallTimeout:         timeoutOrOff(t.Limits.StallTimeout),
+			DisableImmediateData:    !imm,
+			DisableRemoteInvalidate: t.Limits.RemoteInvalidate != nil && !*t.Limits.RemoteInvalidate,
+			MaxSessions:             t.Limits.MaxSessions,
+			MaxMemory:               int64(t.Limits.MaxRegisteredMemory),
+			KeepAliveInterval:       timeoutOrOff(t.Limits.KeepaliveInterval),
+			StallTimeout:            timeoutOrOff(t.Limits.StallTimeout),
 		},
 	}
 	if t.Limits.StallAction == config.StallLog {

@@ -11,12 +11,14 @@ import (
 )
 
 // benchEnv is an initiator session to the srpd target over softroce on UDP loopback, with a
-// 64 MiB RAM LUN.
-func benchEnv(b *testing.B, chs int) *LUN {
+// 64 MiB RAM LUN; noRemoteInv does not offer srpd's remote invalidation (every registration is
+// then invalidated with a LOCAL_INV).
+func benchEnv(b *testing.B, chs int, noRemoteInv bool) *LUN {
 	e := newRealEnv(b, true, link.PipeConfig{}, target.Limits{QueueDepth: 128}, 1, 64<<20)
 	cfg := e.config()
 	cfg.QueueDepth = 64
 	cfg.ChCount = chs
+	cfg.DisableRemoteInvalidate = noRemoteInv
 	cfg.MaxIOSize = 1 << 20
 	s := e.dial(cfg)
 	l := s.LUNs()[0]
@@ -73,9 +75,12 @@ func benchIO(b *testing.B, l *LUN, size, qd int, write, seq bool) {
 }
 
 // BenchmarkBlockIO: 4 KiB random reads at QD 1 and 32, 128 KiB sequential reads and writes at
-// QD 1 and 8, through the block API, over softroce on UDP loopback, against the srpd target.
+// QD 1 and 8, through the block API, over softroce on UDP loopback, against the srpd target;
+// each with srpd's remote invalidation (SEND_WITH_INV responses, the default) and without it
+// (LOCAL_INV), interleaved when run with -count:
 //
-//	go test -run '^$' -bench BlockIO -benchmem ./initiator/
+//	go test -run '^$' -bench BlockIO -benchmem -count 6 ./initiator/ | tee /tmp/b.txt
+//	benchstat -col /inv /tmp/b.txt
 func BenchmarkBlockIO(b *testing.B) {
 	for _, c := range []struct {
 		name       string
@@ -90,10 +95,12 @@ func BenchmarkBlockIO(b *testing.B) {
 		{"seqread-128k-qd8", 128 << 10, 8, false, true},
 		{"seqwrite-128k-qd8", 128 << 10, 8, true, true},
 	} {
-		b.Run(c.name, func(b *testing.B) {
-			l := benchEnv(b, 1)
-			benchIO(b, l, c.size, c.qd, c.write, c.seq)
-		})
+		for _, inv := range []string{"remote", "local"} {
+			b.Run(c.name+"/inv="+inv, func(b *testing.B) {
+				l := benchEnv(b, 1, inv == "local")
+				benchIO(b, l, c.size, c.qd, c.write, c.seq)
+			})
+		}
 	}
 }
 

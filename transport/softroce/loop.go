@@ -218,7 +218,7 @@ func (d *Device) loopDrain(max int) bool {
 	l := &d.loop
 	l.mu.Lock()
 	if l.bufs == nil {
-		l.bufs = newRxBufs(loopBatch, rxInline, true) // only a device that loops back needs them
+		l.bufs = newRxBufs(loopBatch, loopInline, true) // only a device that loops back needs them
 	}
 	b := l.bufs
 	for k := 0; ; k++ {

@@ -238,3 +238,36 @@ func TestCmdCtx(t *testing.T) {
 		t.Fatal("reset did not clear")
 	}
 }
+
+// TestInvalidateKey: a response may invalidate the initiator's registration only when the
+// command's data went through exactly one direct descriptor of non-zero length.
+func TestInvalidateKey(t *testing.T) {
+	direct := func(key, n uint32) descSet {
+		return descSet{isDirect: true, direct: srp.DirectDesc{VA: 0x1000, Key: key, Len: n}}
+	}
+	list := make(srp.DescList, 2*srp.DirectDescLen)
+	list.Set(0, srp.DirectDesc{VA: 0x1000, Key: 7, Len: 4096})
+	list.Set(1, srp.DirectDesc{VA: 0x9000, Key: 8, Len: 4096})
+	for _, tc := range []struct {
+		name    string
+		in, out descSet
+		key     uint32
+		ok      bool
+	}{
+		{"no data", descSet{}, descSet{}, 0, false},
+		{"data-in direct", direct(0x1234, 4096), descSet{}, 0x1234, true},
+		{"data-out direct", descSet{}, direct(0x5678, 512), 0x5678, true},
+		{"zero-length direct", direct(0x1234, 0), descSet{}, 0, false},
+		{"bidirectional", direct(1, 512), direct(2, 512), 0, false},
+		{"indirect list of two", descSet{list: list}, descSet{}, 0, false},
+		{"indirect list of one", descSet{list: list[:srp.DirectDescLen]}, descSet{}, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &ioCtx{in: tc.in, out: tc.out}
+			key, ok := c.invalidateKey()
+			if key != tc.key || ok != tc.ok {
+				t.Fatalf("invalidateKey = %#x, %v; want %#x, %v", key, ok, tc.key, tc.ok)
+			}
+		})
+	}
+}

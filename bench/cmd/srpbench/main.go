@@ -237,6 +237,7 @@ type targetOpts struct {
 	qd      int
 	maxXfer int
 	portID  srp.PortID
+	file    string // LUN 0 is this file (created with the LUN's size if missing), not RAM
 	sizeS   *string
 	portS   *string
 }
@@ -246,6 +247,7 @@ func (o *targetOpts) flags(fs *flag.FlagSet, qdName string) {
 	fs.IntVar(&o.bs, "block-size", 512, "logical block size")
 	fs.IntVar(&o.qd, qdName, 128, "queue depth granted per channel (target.Limits.QueueDepth)")
 	fs.IntVar(&o.maxXfer, "max-transfer", 0, "data buffer per request slot in bytes (0: target default, 1 MiB)")
+	fs.StringVar(&o.file, "file", "", "serve this file as LUN 0 (backend file, created with -lun-size if missing) instead of RAM")
 }
 
 func (o *targetOpts) parse(portID string) error {
@@ -257,7 +259,7 @@ func (o *targetOpts) parse(portID string) error {
 	return err
 }
 
-// serveTarget starts an SRP target with one RAM LUN (internal/stack, as srpd does), listening
+// serveTarget starts an SRP target with one RAM (or file) LUN (internal/stack, as srpd does), listening
 // on dev's RDMA CM at addr. stop closes it.
 func serveTarget(dev *stack.Transport, addr netip.Addr, o targetOpts, log *zap.Logger) (tgt *target.Target, stop func() error, err error) {
 	cfg := config.Target{
@@ -265,6 +267,9 @@ func serveTarget(dev *stack.Transport, addr netip.Addr, o targetOpts, log *zap.L
 		LUNs:   []config.LUN{{ID: 0, Backend: config.BackendRAM, Size: config.Size(o.size), BlockSize: o.bs, Serial: "srpbench-0"}},
 		ACLs:   []config.ACL{{Initiator: config.AnyInitiator}},
 		Limits: config.Limits{QueueDepth: o.qd, MaxChannels: 4},
+	}
+	if o.file != "" {
+		cfg.LUNs[0].Backend, cfg.LUNs[0].Path, cfg.LUNs[0].Create = config.BackendFile, o.file, true
 	}
 	lun, err := stack.OpenLUN(&cfg, cfg.LUNs[0], stack.LUNOptions{})
 	if err != nil {

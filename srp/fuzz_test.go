@@ -110,6 +110,13 @@ func fuzzView[F comparable, V ~[]byte](f *testing.F, size int, parse func([]byte
 	fuzzbound.Fuzz(f, func(t *testing.T, data []byte) { fuzzFixed(t, data, size, parse, fields, enc) })
 }
 
+// withByte returns a copy of b with byte i set to v (a seed carrying srpd's extension byte).
+func withByte(b []byte, i int, v byte) []byte {
+	c := append([]byte(nil), b...)
+	c[i] = v
+	return c
+}
+
 func addSeeds(f *testing.F, seeds ...[]byte) {
 	for _, s := range seeds {
 		f.Add(s)
@@ -120,21 +127,22 @@ func addSeeds(f *testing.F, seeds ...[]byte) {
 }
 
 func FuzzDecodeLoginReq(f *testing.F) {
-	addSeeds(f, kLoginReq, kLoginReqMulti)
+	addSeeds(f, kLoginReq, kLoginReqMulti, withByte(kLoginReq, lrqExt, byte(ExtRemoteInvalidate)))
 	fuzzbound.Fuzz(f, func(t *testing.T, data []byte) {
 		fuzzLogin(t, data, LoginReqLen, DecodeLoginReq, (*LoginReq).Encode)
 	})
 }
 
 func FuzzDecodeLoginReqRDMA(f *testing.F) {
-	addSeeds(f, capLoginReqRDMA)
+	addSeeds(f, capLoginReqRDMA, withByte(capLoginReqRDMA, lrrExt, byte(ExtRemoteInvalidate)))
 	fuzzbound.Fuzz(f, func(t *testing.T, data []byte) {
 		fuzzLogin(t, data, LoginReqRDMALen, DecodeLoginReqRDMA, (*LoginReq).EncodeRDMA)
 	})
 }
 
 func FuzzParseLoginRsp(f *testing.F) {
-	fuzzView(f, LoginRspLen, ParseLoginRsp, LoginRsp.Fields, LoginRsp.Encode, capLoginRsp, kLoginRspMaint)
+	fuzzView(f, LoginRspLen, ParseLoginRsp, LoginRsp.Fields, LoginRsp.Encode, capLoginRsp, kLoginRspMaint,
+		withByte(capLoginRsp, lrsExt, byte(ExtRemoteInvalidate)))
 }
 
 func FuzzParseLoginRej(f *testing.F) {

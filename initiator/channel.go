@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/srpd/srpd/frpool"
+	"github.com/srpd/srpd/internal/cbatch"
 	"github.com/srpd/srpd/internal/cqpoll"
 	"github.com/srpd/srpd/srp"
 	"github.com/srpd/srpd/transport"
@@ -121,7 +122,8 @@ type channel struct {
 	// The serve group: owned by the channel goroutine, and while it serves only touched under
 	// the poller's lock (cqp), which the completion handler holds when it runs in serve's place
 	// (completion.go).
-	asyncW     []*request // runAsync's copy of asyncQ
+	asyncW     []*request       // runAsync's copy of asyncQ
+	batches    []cbatch.Batcher // completion batches runAsync opened (openBatch)
 	wcs        []transport.WC
 	leftover   []transport.WC // completions after the one that failed the connection (teardown)
 	rwr        [1]transport.RecvWR

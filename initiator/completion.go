@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/srpd/srpd/frpool"
+	"github.com/srpd/srpd/internal/cbatch"
 	"github.com/srpd/srpd/internal/cqpoll"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
@@ -185,6 +186,29 @@ func (c *channel) runAsync() {
 		c.asyncW[i] = nil
 		c.s.asyncAnswered(r)
 	}
+	c.closeBatches()
+}
+
+// openBatch opens a completion batch for b (internal/cbatch: the consumer of the answer about
+// to be delivered, as its submission context named it) unless this run already has, so that b
+// can hold what the answers produce until closeBatches (runAsync, cqp's lock held).
+func (c *channel) openBatch(b cbatch.Batcher) {
+	for _, o := range c.batches {
+		if o == b {
+			return
+		}
+	}
+	c.batches = append(c.batches, b)
+	b.BeginCompletions()
+}
+
+// closeBatches ends the completion batches of this run.
+func (c *channel) closeBatches() {
+	for i, b := range c.batches {
+		c.batches[i] = nil
+		b.EndCompletions()
+	}
+	c.batches = c.batches[:0]
 }
 
 // handleWC handles one successful completion.

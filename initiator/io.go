@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/srpd/srpd/frpool"
+	"github.com/srpd/srpd/internal/cbatch"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
 	"github.com/srpd/srpd/transport"
@@ -445,6 +446,7 @@ func (s *Session) asyncAnswered(r *request) {
 		return
 	}
 	j, done := &r.aJob, r.aDone
+	b := cbatch.From(r.aCtx) // read while r is ours (claimed, not given back)
 	if !j.write && !r.direct {
 		copy(j.buf[:j.total], r.data[:j.total])
 	}
@@ -459,6 +461,9 @@ func (s *Session) asyncAnswered(r *request) {
 	}
 	r.async, r.aJob, r.aCtx, r.aDone = false, job{}, nil, nil
 	c.doneWith(r)
+	if b != nil {
+		c.openBatch(b)
+	}
 	done(nil)
 }
 

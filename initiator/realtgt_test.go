@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/srpd/srpd/internal/cbatch"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/scsi/backend"
 	"github.com/srpd/srpd/srp"
@@ -289,5 +290,74 @@ func TestRealTargetRemoteInvalidate(t *testing.T) {
 				t.Errorf("remote invalidations: target %d, initiator %d; want equal and > 0", tinv, iinv)
 			}
 		})
+	}
+}
+
+// countBatcher counts the completion batches the initiator opens for it and the answers
+// delivered inside one.
+type countBatcher struct {
+	mu                  sync.Mutex
+	open, begins, ends  int
+	inBatch, outOfBatch int
+}
+
+func (b *countBatcher) BeginCompletions() { b.mu.Lock(); b.open++; b.begins++; b.mu.Unlock() }
+func (b *countBatcher) EndCompletions()   { b.mu.Lock(); b.open--; b.ends++; b.mu.Unlock() }
+
+func (b *countBatcher) answered() {
+	b.mu.Lock()
+	if b.open > 0 {
+		b.inBatch++
+	} else {
+		b.outOfBatch++
+	}
+	b.mu.Unlock()
+}
+
+// TestAsyncCompletionBatches: answers to ReadAtAsync/WriteAtAsync whose context carries a
+// cbatch.Batcher are delivered between its BeginCompletions and EndCompletions, balanced, one
+// bracket per completion run however many of its answers are the Batcher's.
+func TestAsyncCompletionBatches(t *testing.T) {
+	e := newRealEnv(t, true, link.PipeConfig{}, target.Limits{}, 1, 16<<20)
+	cfg := e.config()
+	cfg.QueueDepth = 32
+	s := e.dial(cfg)
+	l := s.LUNs()[0]
+	if err := l.ReadAt(ctxT(t, 10*time.Second), make([]byte, 4096), 0); err != nil {
+		t.Fatal(err) // the new nexus' unit attention, retried synchronously
+	}
+	b := &countBatcher{}
+	ctx := cbatch.With(ctxT(t, time.Minute), b)
+	const rounds, n = 20, 16
+	for round := 0; round < rounds; round++ {
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			p := make([]byte, 4096)
+			done := func(err error) { b.answered(); errs <- err; wg.Done() }
+			if i%2 == 0 {
+				l.ReadAtAsync(ctx, p, int64(i)*4096, done)
+			} else {
+				l.WriteAtAsync(ctx, p, int64(i)*4096, false, done)
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t.Logf("%d answers in %d batches, %d outside one", b.inBatch, b.begins, b.outOfBatch)
+	if b.begins != b.ends || b.open != 0 {
+		t.Fatalf("begins %d, ends %d, open %d: unbalanced", b.begins, b.ends, b.open)
+	}
+	if b.inBatch+b.outOfBatch != rounds*n || b.inBatch == 0 || b.begins > b.inBatch {
+		t.Fatalf("%d answers in batches (%d batches), %d outside: want all %d answered, some in batches, a batch per run at most",
+			b.inBatch, b.begins, b.outOfBatch, rounds*n)
 	}
 }

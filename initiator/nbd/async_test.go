@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/srpd/srpd/internal/cbatch"
 )
 
 // asyncRAM is a ramDevice that is also an AsyncDevice: requests are completed, in order, by
@@ -216,6 +218,105 @@ func TestHeldReplies(t *testing.T) {
 				t.Fatalf("the burst of %d replies took %d writes, want at most %d", n+1, cs.ReplyWrites-1, tc.maxWrite)
 			}
 			t.Logf("%d replies in %d writes", cs.Requests, cs.ReplyWrites)
+		})
+	}
+}
+
+// batchRAM is an AsyncDevice that keeps the requests posted to it until release, which
+// completes them all on one goroutine, as one batch of a transport's receive goroutine: with
+// brackets, between the BeginCompletions and EndCompletions of the Batcher their context
+// carries (internal/cbatch, as the initiator's completion handling does).
+type batchRAM struct {
+	*ramDevice
+	brackets bool
+	mu       sync.Mutex
+	held     []func()
+	ctx      context.Context
+}
+
+func (a *batchRAM) hold(ctx context.Context, f func()) {
+	a.mu.Lock()
+	a.held, a.ctx = append(a.held, f), ctx
+	a.mu.Unlock()
+}
+
+func (a *batchRAM) ReadAtAsync(ctx context.Context, p []byte, off int64, done func(error)) {
+	a.hold(ctx, func() { done(a.ReadAt(ctx, p, off)) })
+}
+
+func (a *batchRAM) WriteAtAsync(ctx context.Context, p []byte, off int64, fua bool, done func(error)) {
+	a.hold(ctx, func() { done(a.WriteAt(ctx, p, off, fua)) })
+}
+
+func (a *batchRAM) AsyncError(err error, _ bool) error { return err }
+
+func (a *batchRAM) posted() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.held)
+}
+
+// release completes every held request in one batch, on a goroutine of its own.
+func (a *batchRAM) release() {
+	a.mu.Lock()
+	fs, ctx := a.held, a.ctx
+	a.held = nil
+	a.mu.Unlock()
+	go func() {
+		b := cbatch.From(ctx)
+		if a.brackets && b != nil {
+			b.BeginCompletions()
+		}
+		for _, f := range fs {
+			f()
+		}
+		if a.brackets && b != nil {
+			b.EndCompletions()
+		}
+	}()
+}
+
+// TestAsyncCompletionBatch: the replies of a batch of answers the Device brackets with
+// BeginCompletions/EndCompletions leave in one write (one wake-up of the client); without the
+// brackets each answer writes its own reply. Every reply is right either way.
+func TestAsyncCompletionBatch(t *testing.T) {
+	const n, size = 16, 4096
+	for _, tc := range []struct {
+		name       string
+		brackets   bool
+		wantWrites uint64
+	}{
+		{"bracketed", true, 1},
+		{"unbracketed", false, n},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			disk := newRAM(testSize, testBS)
+			disk.fill(0, pattern(3, testSize))
+			dev := &batchRAM{ramDevice: disk, brackets: tc.brackets}
+			ts := startServer(t, Config{}, map[string]Device{"disk": dev})
+			c := dialUnix(t, ts.sock)
+			c.connect("disk", false)
+			c.nc.SetDeadline(time.Now().Add(10 * time.Second))
+			var burst []byte
+			c.mu.Lock()
+			for h := uint64(0); h < n; h++ {
+				c.pending[h] = size
+				burst = append(burst, encodeRequest(cmdRead, 0, h, h*size*5%testSize, size, nil)...)
+			}
+			c.mu.Unlock()
+			c.write(burst)
+			waitFor(t, "every read posted", func() bool { return dev.posted() == n })
+			before := ts.Stats().Conns[0].Counters.ReplyWrites
+			dev.release()
+			for i := 0; i < n; i++ {
+				r := c.mustReply()
+				if r.errno != 0 || !bytes.Equal(r.data, disk.snapshot(int64(r.handle*size*5%testSize), size)) {
+					t.Fatalf("reply %d: errno %v or wrong data", r.handle, r.errno)
+				}
+			}
+			if w := ts.Stats().Conns[0].Counters.ReplyWrites - before; w != tc.wantWrites {
+				t.Fatalf("%d replies took %d writes, want %d", n, w, tc.wantWrites)
+			}
 		})
 	}
 }

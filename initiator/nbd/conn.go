@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/srpd/srpd/internal/cbatch"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -110,11 +111,16 @@ type conn struct {
 	// anything (flushHeld), so that at queue depth 32 a batch of requests read with one read
 	// is answered with one writev, not one per request (each a wake-up of the client). At
 	// queue depth 1 the next request is never buffered and nothing is held.
+	//
+	// Likewise while the Device delivers a batch of asynchronous answers (cbatch: the
+	// initiator's completion handling brackets them with BeginCompletions/EndCompletions):
+	// their replies are queued and the end of the last open batch writes them with one writev.
 	rmu      sync.Mutex
 	rq       []*request // replies waiting to be written
 	rspare   []*request // the other batch slice, swapped with rq
 	writing  bool
 	held     bool         // the reader will write rq before it waits (rdMu held)
+	cbatches int          // completion batches open (BeginCompletions less EndCompletions)
 	flushFn  func()       // flushHeld, as one func value for bufPool.get
 	heldFn   func() int64 // heldBytes, as one func value for bufPool.get
 	iov      net.Buffers
@@ -169,6 +175,9 @@ func newConn(s *Server, base context.Context, nc net.Conn) *conn {
 		winWake:  make(chan struct{}, 1),
 		poolWake: make(chan struct{}, 1),
 	}
+	// The Device may tell us where a batch of its asynchronous answers begins and ends
+	// (BeginCompletions): the replies of a batch then leave in one writev.
+	c.ctx = cbatch.With(ctx, c)
 	c.flushFn = c.flushHeld
 	c.heldFn = c.heldBytes
 	if raw != nil {
@@ -602,12 +611,33 @@ func (c *conn) send(r *request) { c.sendMsg(r, true) }
 func (c *conn) sendMsg(r *request, mayBlock bool) {
 	c.rmu.Lock()
 	c.rq = append(c.rq, r)
-	if c.writing || (c.held && len(c.rq) < maxHeldReplies) {
+	if c.writing || ((c.held || c.cbatches > 0) && len(c.rq) < maxHeldReplies) {
 		c.rmu.Unlock()
 		return
 	}
 	c.writing = true
 	c.writeLoop(mayBlock)
+}
+
+// BeginCompletions implements cbatch.Batcher: replies are held until the batch ends.
+func (c *conn) BeginCompletions() {
+	c.rmu.Lock()
+	c.cbatches++
+	c.rmu.Unlock()
+}
+
+// EndCompletions implements cbatch.Batcher: the end of the last open batch writes the replies
+// held (unless a write is in progress, whose writer takes them, or the reader holds them for
+// its own flush), without waiting for a full socket, as from a completion.
+func (c *conn) EndCompletions() {
+	c.rmu.Lock()
+	c.cbatches--
+	if c.cbatches > 0 || c.writing || c.held || len(c.rq) == 0 {
+		c.rmu.Unlock()
+		return
+	}
+	c.writing = true
+	c.writeLoop(false)
 }
 
 // maxHeldReplies bounds the replies held for the reader's next flush (held): one writev's

@@ -58,6 +58,14 @@ func startProber(t *testing.T, socket string, region int64) *prober {
 	p := &prober{c: c, socket: socket, region: region, stop: make(chan struct{}), done: make(chan struct{})}
 	go p.run()
 	t.Cleanup(func() { p.end() })
+	// Back from the handshake, the server may not have started the connection's transmission
+	// (its workers) yet: wait for a verified I/O, so that what a test measures from here on
+	// (srpd's goroutines, RSS) includes the prober's connection as it stays.
+	for end := time.Now().Add(10 * time.Second); p.mark().ios == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("prober: no verified I/O within 10 s of the handshake")
+		}
+	}
 	return p
 }
 

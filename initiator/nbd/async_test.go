@@ -175,13 +175,7 @@ func TestHeldReplies(t *testing.T) {
 			c := dialUnix(t, ts.sock)
 			c.connect("disk", false)
 			c.nc.SetDeadline(time.Now().Add(10 * time.Second))
-			var burst []byte
-			c.mu.Lock()
-			for h := uint64(0); h < n; h++ {
-				c.pending[h] = size
-				burst = append(burst, encodeRequest(cmdRead, 0, h, h*size*3%testSize, size, nil)...)
-			}
-			c.mu.Unlock()
+			burst := readBurst(c, n, size, 3)
 			// A write in the burst, with its payload (at blocks no read of the burst reads): the
 			// reader holds replies across it.
 			w := pattern(6, 2*size)
@@ -297,13 +291,7 @@ func TestAsyncCompletionBatch(t *testing.T) {
 			c := dialUnix(t, ts.sock)
 			c.connect("disk", false)
 			c.nc.SetDeadline(time.Now().Add(10 * time.Second))
-			var burst []byte
-			c.mu.Lock()
-			for h := uint64(0); h < n; h++ {
-				c.pending[h] = size
-				burst = append(burst, encodeRequest(cmdRead, 0, h, h*size*5%testSize, size, nil)...)
-			}
-			c.mu.Unlock()
+			burst := readBurst(c, n, size, 5)
 			c.write(burst)
 			waitFor(t, "every read posted", func() bool { return dev.posted() == n })
 			before := ts.Stats().Conns[0].Counters.ReplyWrites
@@ -319,4 +307,17 @@ func TestAsyncCompletionBatch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// readBurst registers n reads of size bytes with c as pending (handles 0 to n-1, read h at
+// h*size*stride modulo testSize) and returns their requests, for one write.
+func readBurst(c *client, n, size, stride uint64) []byte {
+	var burst []byte
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for h := uint64(0); h < n; h++ {
+		c.pending[h] = uint32(size)
+		burst = append(burst, encodeRequest(cmdRead, 0, h, h*size*stride%testSize, uint32(size), nil)...)
+	}
+	return burst
 }

@@ -232,25 +232,26 @@ func (b *File) Discard(off, n int64) error {
 // it, else a hole punch, else writing zeroes.
 func (b *File) WriteZeroes(off, n int64) error {
 	return b.mutate("write zeroes", off, n, func() error {
-		if !b.noZeroRange.Load() {
-			err := b.fallocate(unix.FALLOC_FL_ZERO_RANGE, off, n)
+		// Each fallocate mode is tried until the filesystem refuses it once (EOPNOTSUPP).
+		for _, m := range [...]struct {
+			mode        uint32
+			usable      bool
+			unsupported *atomic.Bool
+		}{
+			{unix.FALLOC_FL_ZERO_RANGE, true, &b.noZeroRange},
+			{unix.FALLOC_FL_PUNCH_HOLE, b.info.CanDiscard, &b.noPunch},
+		} {
+			if !m.usable || m.unsupported.Load() {
+				continue
+			}
+			err := b.fallocate(m.mode, off, n)
 			if err == nil {
 				return nil
 			}
 			if !errors.Is(err, unix.EOPNOTSUPP) {
 				return b.rangeErr("write zeroes", off, n, err)
 			}
-			b.noZeroRange.Store(true)
-		}
-		if b.info.CanDiscard && !b.noPunch.Load() {
-			err := b.fallocate(unix.FALLOC_FL_PUNCH_HOLE, off, n)
-			if err == nil {
-				return nil
-			}
-			if !errors.Is(err, unix.EOPNOTSUPP) {
-				return b.rangeErr("write zeroes", off, n, err)
-			}
-			b.noPunch.Store(true)
+			m.unsupported.Store(true)
 		}
 		return b.writeZeroBytes(off, n)
 	})

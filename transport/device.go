@@ -228,6 +228,21 @@ type Progresser interface {
 	Progress()
 }
 
+// PostBatcher is implemented by devices whose posts each reach the wire with work of their
+// own (softroce: a system call, and a datagram the peer's kernel and receive loop handle, per
+// post that finds the send path idle). A consumer about to post several times in a row (the
+// commands of one batch of requests) may bracket the posts with BeginPosts and EndPosts: in
+// between, the device may hold back what the posts transmit and send it together when the
+// last open bracket ends (SENDs of one size to one peer: one UDP GSO datagram). Posts still
+// succeed or fail at once, and completions are unchanged. Every BeginPosts must be followed by
+// one EndPosts, soon: posts of other goroutines meanwhile may wait for it. Brackets may
+// overlap across goroutines. Engines whose posts are a doorbell (hardware) need not
+// implement it.
+type PostBatcher interface {
+	BeginPosts()
+	EndPosts()
+}
+
 // QP is a reliable-connected queue pair.
 type QP interface {
 	// QPN is the local QP number (24 bits, ≥ 2).

@@ -56,6 +56,12 @@
 // command's post with Hold and Progress, so that with the target on the same device the
 // command, its execution and answer, and its completion all run on the posting goroutine.
 //
+// A device may implement PostBatcher: a consumer that posts several commands in a row
+// brackets them with BeginPosts and EndPosts, and the device sends what they transmit together
+// (softroce: one system call and, for SENDs of one size to one peer, one GSO datagram, where
+// each post would otherwise be a sendmmsg and a datagram of its own). The initiator's NBD
+// export brackets the requests of one read of its socket.
+//
 // # Connection management
 //
 // A device that can establish connections implements ConnManager (cm.go): RDMA CM semantics

@@ -150,6 +150,8 @@ type Device struct {
 	// the transmit path is idle); they belong to whoever holds sendMu.
 	postBufs [][]byte
 	postPkts []link.Packet
+	// held are the packets of posts made inside BeginPosts/EndPosts brackets (postbatch.go).
+	held     heldPosts
 	deadline time.Time
 	kick     chan struct{}
 	done     chan struct{}
@@ -578,24 +580,33 @@ func (d *Device) rxBatch(b *rxBufs, n int) bool {
 	ctl = d.cmTx(ctl)
 	d.rxHolds = false
 	if d.handlersOwed() {
-		ctl = d.rxHandle(ctl, b.big[nbig:])
-		if len(ctl) > 0 {
-			d.sendFrom(ctl, b.big)
+		var held []link.Packet
+		var locked bool
+		ctl, held, locked = d.rxHandle(ctl, b.big[nbig:])
+		if locked {
+			d.sendHeld(held)
+			if len(ctl) > 0 {
+				d.sendFrom(ctl, b.big)
+			}
 			d.sendMu.Unlock()
 			clear(ctl)
 			b.ctl = ctl[:0]
 		}
 		return true
 	}
-	if len(ctl) == 0 {
+	if len(ctl) == 0 && !d.flushHeld() {
 		d.mu.Unlock()
 		d.rxNotify()
 		return true
 	}
 	d.sendMu.Lock()
+	held := d.held.take() // built before ctl: they go first
 	d.mu.Unlock()
 	d.rxNotify()
-	d.sendFrom(ctl, b.big)
+	d.sendHeld(held)
+	if len(ctl) > 0 {
+		d.sendFrom(ctl, b.big)
+	}
 	d.sendMu.Unlock()
 	clear(ctl) // drop references to buffers' views
 	b.ctl = ctl[:0]
@@ -619,9 +630,10 @@ func (d *Device) handlersOwed() bool {
 // in one link send. While the handlers run (rxSending), nothing else sends: PostSend builds
 // into the batch (the free full-size buffers in spare) or leaves its QP to the transmit loop,
 // and the transmit loop waits, so packets still reach the link in the order they were built.
-// Called with dev.mu held; returns with it released and, when there is something to send,
-// with sendMu held.
-func (d *Device) rxHandle(ctl []link.Packet, spare [][]byte) []link.Packet {
+// Called with dev.mu held; returns with it released and, when there is something to send
+// (locked), with sendMu held: the packets held by post brackets (postbatch.go), to be sent
+// first, and ctl.
+func (d *Device) rxHandle(ctl []link.Packet, spare [][]byte) (_, held []link.Packet, locked bool) {
 	d.rxSending, d.rxPend, d.rxSpare = true, ctl, spare
 	d.mu.Unlock()
 	for i, c := range d.notifyCQs {
@@ -655,11 +667,12 @@ func (d *Device) rxHandle(ctl []link.Packet, spare [][]byte) []link.Packet {
 		d.txDeferred = false
 		d.wake()
 	}
-	if len(ctl) > 0 {
+	if locked = len(ctl) > 0 || d.flushHeld(); locked {
 		d.sendMu.Lock()
+		held = d.held.take()
 	}
 	d.mu.Unlock()
-	return ctl
+	return ctl, held, locked
 }
 
 // rxNotify gives the CQ notifications owed by the last receive batch. Only the receive loop
@@ -779,11 +792,15 @@ func (d *Device) txLoop() {
 		pkts = d.transmit(pkts[:0], bufs, now)
 		pkts = d.cmTx(pkts)
 		deadline := d.deadline
-		if len(pkts) > 0 {
+		if len(pkts) > 0 || d.flushHeld() {
 			d.sendMu.Lock()
 			d.txHolds.Store(true)
+			held := d.held.take() // built before pkts: they go first
 			d.mu.Unlock()
-			d.send(pkts)
+			d.sendHeld(held)
+			if len(pkts) > 0 {
+				d.send(pkts)
+			}
 			d.txHolds.Store(false)
 			d.sendMu.Unlock()
 			clear(pkts) // drop references to buffers' views

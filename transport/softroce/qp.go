@@ -514,6 +514,10 @@ func (q *qp) PostSend(wrs []transport.SendWR) error {
 		d.mu.Unlock()
 		return nil
 	}
+	if d.hold(q) {
+		d.mu.Unlock() // inside a post bracket: sent with the others (postbatch.go)
+		return nil
+	}
 	if !d.sendMu.TryLock() {
 		if d.txHolds.Load() {
 			// The transmit loop is sending a batch and goes on with the ready list after it.
@@ -525,11 +529,13 @@ func (q *qp) PostSend(wrs []transport.SendWR) error {
 		// packets built next must follow them on the wire anyway).
 		d.sendMu.Lock()
 	}
+	held := d.held.take() // built before these: they go first
 	pkts, more := q.work(d.postPkts[:0], d.postBufs, time.Now())
 	if more {
 		d.schedule(q) // the rest of a long message: the transmit loop sends it after these
 	}
 	d.mu.Unlock()
+	d.sendHeld(held)
 	if len(pkts) > 0 {
 		d.send(pkts)
 		clear(pkts) // drop references to buffers' views

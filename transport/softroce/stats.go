@@ -31,6 +31,9 @@ type Stats struct {
 	// destination (loopref.go). LoopRefDrops counts those dropped on receipt because their
 	// source memory had been freed meanwhile (also in Dropped).
 	LoopRefPackets, LoopRefBytes, LoopRefDrops uint64
+	// HeldPackets counts the packets of posts inside BeginPosts/EndPosts brackets that were
+	// held back and sent together (postbatch.go), HeldSends the link sends that took them.
+	HeldPackets, HeldSends uint64
 }
 
 type counters struct {
@@ -43,6 +46,7 @@ type counters struct {
 	cqOverruns                                   atomic.Uint64
 	loopPackets, loopBytes, loopDrops            atomic.Uint64
 	loopRefPackets, loopRefBytes, loopRefDrops   atomic.Uint64
+	heldPackets, heldSends                       atomic.Uint64
 }
 
 func nakIndex(code uint8) int {
@@ -65,6 +69,7 @@ func (c *counters) snapshot() Stats {
 		LoopPackets: c.loopPackets.Load(), LoopBytes: c.loopBytes.Load(), LoopDrops: c.loopDrops.Load(),
 		LoopRefPackets: c.loopRefPackets.Load(), LoopRefBytes: c.loopRefBytes.Load(),
 		LoopRefDrops: c.loopRefDrops.Load(),
+		HeldPackets:  c.heldPackets.Load(), HeldSends: c.heldSends.Load(),
 	}
 	for i := range c.naksSent {
 		s.NAKsSent[i] = c.naksSent[i].Load()

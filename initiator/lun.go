@@ -13,6 +13,7 @@ import (
 
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
+	"github.com/srpd/srpd/transport"
 )
 
 // defaultMaxWriteSame bounds one WRITE SAME when the LUN reports no limit (Linux sd's
@@ -182,6 +183,23 @@ func (l *LUN) WriteAtAsync(ctx context.Context, p []byte, off int64, fua bool, d
 	l.rwJob(&j, "WRITE(16)", off, len(p))
 	j.buf, j.write, j.fua = p, true, fua
 	l.startAsync(ctx, &j, done)
+}
+
+// BeginPosts opens a bracket around the posts that follow (transport.PostBatcher), when the
+// session's transport device batches posts: what the commands posted until the matching
+// EndPosts transmit is sent together. Every BeginPosts must be followed by one EndPosts, soon,
+// from a goroutine that does not wait for anything in between.
+func (l *LUN) BeginPosts() {
+	if b, ok := l.s.cfg.Device.(transport.PostBatcher); ok {
+		b.BeginPosts()
+	}
+}
+
+// EndPosts ends a BeginPosts bracket.
+func (l *LUN) EndPosts() {
+	if b, ok := l.s.cfg.Device.(transport.PostBatcher); ok {
+		b.EndPosts()
+	}
 }
 
 // startAsync posts j at once or leaves it to a goroutine running the synchronous path (only

@@ -47,6 +47,7 @@ type nbdDevice struct{ l BlockDevice }
 var (
 	_ nbd.Device        = nbdDevice{}
 	_ nbd.AsyncDevice   = nbdDevice{}
+	_ nbd.PostBatcher   = nbdDevice{}
 	_ nbd.BlockStatuser = nbdDevice{}
 )
 
@@ -103,6 +104,27 @@ func (d nbdDevice) WriteAtAsync(ctx context.Context, p []byte, off int64, fua bo
 }
 
 func (d nbdDevice) AsyncError(err error, write bool) error { return mapErr(err, write) }
+
+// BeginPosts and EndPosts make the export an nbd.PostBatcher when the block device batches
+// posts (a LUN whose transport device is a transport.PostBatcher): the requests of one read of
+// the connection reach the target together.
+func (d nbdDevice) BeginPosts() {
+	if b, ok := d.l.(postBatcher); ok {
+		b.BeginPosts()
+	}
+}
+
+// EndPosts: see BeginPosts.
+func (d nbdDevice) EndPosts() {
+	if b, ok := d.l.(postBatcher); ok {
+		b.EndPosts()
+	}
+}
+
+type postBatcher interface {
+	BeginPosts()
+	EndPosts()
+}
 
 func (d nbdDevice) Flush(ctx context.Context) error { return mapErr(d.l.Flush(ctx), false) }
 

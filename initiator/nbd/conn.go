@@ -64,6 +64,12 @@ type conn struct {
 	// written back.
 	adev    AsyncDevice
 	asyncWG sync.WaitGroup
+	// pb is adev as a PostBatcher: while the next request is already buffered, the reader
+	// keeps a bracket open (plugged, rdMu held) so that the requests of one read reach the
+	// target together; it ends it after the last one and before it waits for anything
+	// (flushHeld).
+	pb      PostBatcher
+	plugged bool
 
 	ctx    context.Context // passed to the Device; cancelled by kill and at the end
 	cancel context.CancelFunc
@@ -272,6 +278,7 @@ func (c *conn) transmit() error {
 	c.free = make(chan *request, cfg.MaxInFlight)
 	if ad, ok := c.dev.(AsyncDevice); ok && c.raw != nil {
 		c.adev = ad
+		c.pb, _ = ad.(PostBatcher)
 	}
 	for i := range reqs {
 		r := &reqs[i]
@@ -566,14 +573,19 @@ func (c *conn) postAsync(r *request) bool {
 	// queue depth 1, before the device's work after the completion: with the target on the
 	// same softroce device, its send completions and the ACKs run on this goroutine after it).
 	// Only the reader sets held, so the unlocked reads are of its own value.
-	if c.br.Buffered() >= requestHdrLen {
+	more := c.br.Buffered() >= requestHdrLen
+	if more {
 		if !c.held {
 			c.rmu.Lock()
 			c.held = true
 			c.rmu.Unlock()
 		}
+		if c.pb != nil && !c.plugged {
+			c.pb.BeginPosts()
+			c.plugged = true
+		}
 	} else {
-		c.flushHeld()
+		c.flushReplies()
 	}
 	p := r.buf.payload(int(r.length))
 	if r.typ == cmdRead {
@@ -581,7 +593,18 @@ func (c *conn) postAsync(r *request) bool {
 	} else {
 		c.adev.WriteAtAsync(c.ctx, p, int64(r.off), r.flags&cmdFlagFUA != 0, r.afn)
 	}
+	if !more {
+		c.unplug() // the last request of the read: the batch goes
+	}
 	return true
+}
+
+// unplug ends the reader's post bracket, if open: the requests posted in it are sent (rdMu held).
+func (c *conn) unplug() {
+	if c.plugged {
+		c.plugged = false
+		c.pb.EndPosts()
+	}
 }
 
 // asyncDone answers a posted request (from its completion: must not block).
@@ -647,15 +670,22 @@ const maxHeldReplies = 64
 // flushBefore is flushHeld unless the reader's buffer already holds n bytes: reading them
 // will not wait.
 func (c *conn) flushBefore(n int) {
-	if c.held && c.br.Buffered() < n {
+	if (c.held || c.plugged) && c.br.Buffered() < n {
 		c.flushHeld()
 	}
 }
 
-// flushHeld ends held (rdMu held): the queued replies are written now (without waiting for
+// flushHeld is what the reader does before it waits for anything (rdMu held): it ends its post
+// bracket (unplug) and the held replies (flushReplies).
+func (c *conn) flushHeld() {
+	c.unplug()
+	c.flushReplies()
+}
+
+// flushReplies ends held (rdMu held): the queued replies are written now (without waiting for
 // a full socket: what does not fit is left to a goroutine, as from a completion) unless a
 // write is in progress, whose writer takes them.
-func (c *conn) flushHeld() {
+func (c *conn) flushReplies() {
 	if !c.held {
 		return
 	}

@@ -70,6 +70,16 @@ type AsyncDevice interface {
 	AsyncError(err error, write bool) error
 }
 
+// PostBatcher may be implemented by an AsyncDevice whose posts can be sent together (an
+// initiator LUN over softroce: transport.PostBatcher). While the next request is already in
+// its read buffer, the connection's reader brackets the posts with BeginPosts and EndPosts, and
+// it ends the bracket after the last buffered request and before it waits for anything (a
+// read, a buffer, a request slot), so nothing it posted waits for the client.
+type PostBatcher interface {
+	BeginPosts()
+	EndPosts()
+}
+
 // Extent is a run of bytes with one allocation status, as NBD_CMD_BLOCK_STATUS reports it in
 // the base:allocation metadata context (proto.md "Metadata contexts").
 type Extent struct {

@@ -269,6 +269,7 @@ func (d *Device) Stats() Stats {
 	ls := d.lnk.Stats()
 	s.ICRCDrops = ls.RxICRCDrops
 	s.LinkDrops = ls.RxMalformedDrops + ls.RxQueueDrops
+	s.BusyPolls, s.BusyPollHits, s.BusyPollSkips = ls.RxBusyPolls, ls.RxBusyPollHits, ls.RxBusyPollSkips
 	return s
 }
 

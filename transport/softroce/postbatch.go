@@ -80,7 +80,9 @@ func (d *Device) sendHeld(pkts []link.Packet) {
 // mu held.
 func (d *Device) hold(q *qp) bool {
 	h := &d.held
-	if h.open == 0 {
+	if h.open == 0 || (d.loop.on && d.loopDst(q.dst)) {
+		// Packets to the device itself cost no system call, and a Hold/Progress bracket
+		// (transport.Progresser) delivers them on the poster's goroutine: not held.
 		return false
 	}
 	h.reclaim()

@@ -34,6 +34,9 @@ type Stats struct {
 	// HeldPackets counts the packets of posts inside BeginPosts/EndPosts brackets that were
 	// held back and sent together (postbatch.go), HeldSends the link sends that took them.
 	HeldPackets, HeldSends uint64
+	// BusyPolls, BusyPollHits and BusyPollSkips are the link's receive busy polling
+	// (link.Stats RxBusyPolls, RxBusyPollHits, RxBusyPollSkips).
+	BusyPolls, BusyPollHits, BusyPollSkips uint64
 }
 
 type counters struct {

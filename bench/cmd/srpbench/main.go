@@ -358,6 +358,9 @@ func runTarget(ctx context.Context, args []string) error {
 		_ = sl.Close()
 		swg.Wait()
 	}
+	if sd := dev.SoftRoCE(); sd != nil {
+		fmt.Fprintf(os.Stderr, "target device: %+v\n", sd.Stats())
+	}
 	return stopTarget()
 }
 

@@ -104,6 +104,7 @@ type Stats struct {
 	RxGROMessages      uint64 // coalesced datagrams received (UDPOptions.GRO) that held more than one packet
 	RxBusyPolls        uint64 // receives that found the socket empty and spun (UDPOptions.BusyPoll)
 	RxBusyPollHits     uint64 // of those, the ones that found data before the spin ended
+	RxBusyPollSkips    uint64 // empty receives that did not spin: recent spins mostly ended empty
 }
 
 // Errors returned by Send.
@@ -122,7 +123,7 @@ type counters struct {
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	rxICRC, rxMalformed, rxQueue, txErrors atomic.Uint64
 	txGSO, rxGRO                           atomic.Uint64
-	rxSpins, rxSpinHits                    atomic.Uint64
+	rxSpins, rxSpinHits, rxSpinSkips       atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -132,7 +133,7 @@ func (c *counters) snapshot() Stats {
 		RxICRCDrops: c.rxICRC.Load(), RxMalformedDrops: c.rxMalformed.Load(),
 		RxQueueDrops: c.rxQueue.Load(), TxErrors: c.txErrors.Load(),
 		TxGSOMessages: c.txGSO.Load(), RxGROMessages: c.rxGRO.Load(),
-		RxBusyPolls: c.rxSpins.Load(), RxBusyPollHits: c.rxSpinHits.Load(),
+		RxBusyPolls: c.rxSpins.Load(), RxBusyPollHits: c.rxSpinHits.Load(), RxBusyPollSkips: c.rxSpinSkips.Load(),
 	}
 }
 

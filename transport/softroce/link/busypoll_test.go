@@ -92,65 +92,44 @@ func TestUDPCloseEndsBusyPoll(t *testing.T) {
 	}
 }
 
-// TestUDPBusyPollBacksOff: spins that keep ending empty (the data comes after BusyPoll) make
-// most empty receives wait without spinning (one in spinProbe still spins), and spins that find
-// data bring spinning back for every empty receive.
-func TestUDPBusyPollBacksOff(t *testing.T) {
-	const bp = 20 * time.Millisecond
+// TestUDPBusyPollAfterRun: an empty receive after a run of more than spinRun packets (a
+// pipelining peer) waits without spinning; after a lone packet it spins again.
+func TestUDPBusyPollAfterRun(t *testing.T) {
 	a := listen(t, lo4, UDPOptions{})
-	b := listen(t, lo4, UDPOptions{BusyPoll: bp})
-	// round lets one receive find the socket empty, then sends it a packet: after its spin
-	// ended (late) or as soon as it spins or skips (early). It reports whether it spun.
-	round := func(late bool) bool {
-		t.Helper()
-		st0 := b.Stats()
-		got := make(chan []Packet, 1)
-		go func() { got <- recvN(t, b, 1, 10*time.Second) }()
-		deadline := time.Now().Add(5 * time.Second)
-		var spun bool
-		for {
-			st := b.Stats()
-			if st.RxBusyPolls > st0.RxBusyPolls {
-				spun = true
-				break
-			}
-			if st.RxBusyPollSkips > st0.RxBusyPollSkips {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the receive neither spun nor skipped: %+v", st)
-			}
-			time.Sleep(50 * time.Microsecond)
-		}
-		if spun && late {
-			time.Sleep(3 * bp) // the spin is over
-		}
-		if n, err := a.Send([]Packet{mkSend(t, b.LocalAddrPort(), 1, 64)}); n != 1 || err != nil {
-			t.Fatal(n, err)
-		}
-		<-got
-		return spun
+	b := listen(t, lo4, UDPOptions{BusyPoll: time.Minute})
+	const run = spinRun + 3
+	var burst []Packet
+	for i := 0; i < run; i++ {
+		burst = append(burst, mkSend(t, b.LocalAddrPort(), uint32(i), 64))
 	}
-	spins := 0
-	for i := 0; i < 4*spinProbe; i++ {
-		if round(true) {
-			spins++
+	if n, err := a.Send(burst); n != run || err != nil {
+		t.Fatal(n, err)
+	}
+	recvN(t, b, run, 10*time.Second) // the run, queued before the first receive: no spin
+	got := make(chan []Packet, 1)
+	go func() { got <- recvN(t, b, 1, 10*time.Second) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for b.Stats().RxBusyPollSkips == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no skipped spin after a run of %d: %+v", run, b.Stats())
 		}
+		time.Sleep(time.Millisecond)
 	}
-	st := b.Stats()
-	if st.RxBusyPollHits != 0 || st.RxBusyPollSkips == 0 || spins > 6+4 {
-		t.Fatalf("after %d late packets: %d spins (%+v); want the spins to back off", 4*spinProbe, spins, st)
+	if n, err := a.Send([]Packet{mkSend(t, b.LocalAddrPort(), 99, 64)}); n != 1 || err != nil {
+		t.Fatal(n, err)
 	}
-	// Early packets: the probes find data, and soon every empty receive spins again.
-	last := 0
-	for i := 0; i < 12*spinProbe; i++ {
-		if round(false) {
-			last++
-		} else {
-			last = 0
-		}
+	<-got
+	if st := b.Stats(); st.RxBusyPolls != 0 || st.RxBusyPollSkips != 1 {
+		t.Fatalf("after a run of %d: %+v; want one receive that did not spin", run, st)
 	}
-	if st := b.Stats(); last < 2*spinProbe || st.RxBusyPollHits == 0 {
-		t.Fatalf("after early packets: the last %d receives spun (%+v); want spinning back", last, st)
+	// A lone packet: the next empty receive spins, and takes the packet sent meanwhile.
+	go func() { got <- recvN(t, b, 1, 10*time.Second) }()
+	waitSpins(t, b, 1)
+	if n, err := a.Send([]Packet{mkSend(t, b.LocalAddrPort(), 100, 64)}); n != 1 || err != nil {
+		t.Fatal(n, err)
+	}
+	<-got
+	if st := b.Stats(); st.RxBusyPolls != 1 || st.RxBusyPollHits != 1 || st.RxBusyPollSkips != 1 {
+		t.Fatalf("after a lone packet: %+v; want one spin that found the next", st)
 	}
 }

@@ -104,7 +104,7 @@ type Stats struct {
 	RxGROMessages      uint64 // coalesced datagrams received (UDPOptions.GRO) that held more than one packet
 	RxBusyPolls        uint64 // receives that found the socket empty and spun (UDPOptions.BusyPoll)
 	RxBusyPollHits     uint64 // of those, the ones that found data before the spin ended
-	RxBusyPollSkips    uint64 // empty receives that did not spin: recent spins mostly ended empty
+	RxBusyPollSkips    uint64 // empty receives that did not spin: they followed a run of packets (a pipelining peer)
 }
 
 // Errors returned by Send.

@@ -68,12 +68,11 @@ type UDP struct {
 	rx     mmsgState
 	rxFn   func(fd uintptr) bool
 	rxN    int // messages requested / received
-	// spinHit is the moving share of spins that found data, in 1/1024ths, and spinProbe
-	// counts the empty receives that did not spin meanwhile (spinRecv; recvMu held).
-	spinHit   int32
-	spinProbe int
-	rxErr     error
-	lastOv    uint32 // last SO_RXQ_OVFL value
+	// run counts the packets Recv returned since the socket was last found empty (spinRecv;
+	// recvMu held).
+	run    int
+	rxErr  error
+	lastOv uint32 // last SO_RXQ_OVFL value
 	// GRO state: link-owned buffers and a cursor over received, unsplit data.
 	groBufs    [][]byte
 	groMsgs    int    // messages in groBufs from the last recvmmsg
@@ -187,7 +186,7 @@ func ListenUDP(ctx context.Context, addr netip.AddrPort, opts UDPOptions) (*UDP,
 		})
 	}
 	u := &UDP{
-		conn: conn, rc: rc, local: local, is4: is4, wild: a.IsUnspecified(), batch: batch, gro: gro, gso: gso, busyPoll: max(opts.BusyPoll, 0), spinHit: 1024,
+		conn: conn, rc: rc, local: local, is4: is4, wild: a.IsUnspecified(), batch: batch, gro: gro, gso: gso, busyPoll: max(opts.BusyPoll, 0),
 		rx: newMmsgState(batch), tx: newMmsgState(batch), txPkts: make([]int, batch+1),
 	}
 	if gro {
@@ -532,51 +531,39 @@ func (u *UDP) recvmmsg(fd uintptr) bool {
 // gain at queue depth 1), and stopping the spin once the thread had been preempted (a gap
 // between tries) kept it from ever saving the wake-up that pays.
 //
-// A spin that ends empty has cost BusyPoll of CPU for nothing: spinning pays where the socket
-// is mostly found refilled within it (a peer at queue depth 1: 99 % of spins), not where the
-// gaps are mostly longer (4 KiB random reads at queue depth 32 with the peer and its client on
-// the same two CPUs: 45 % of spins ended empty, and the target's CPU per I/O rose 15 % over
-// not spinning). spinHit is a moving average of spins that found data; below spinMinHit only
-// every spinProbe-th empty receive spins, to notice when spinning pays again.
+// Only a receive that follows a short run of packets spins (at most spinRun since the socket
+// was last found empty): a lone request or its ACK, where the next packet is what the peer
+// waits on (queue depth 1). After a longer run the peer is pipelining (a batch of commands,
+// a stream of data) and its next packets come when it gets round to them: spinning then only
+// takes CPU from the processes that send them (4 KiB random reads at queue depth 32, commands
+// coming several to a datagram, with the peer and its client on the same two CPUs: 8 % fewer
+// I/Os with the spin than without).
 func (u *UDP) spinRecv(fd uintptr) (int, unix.Errno) {
-	if u.spinHit < spinMinHit {
-		if u.spinProbe++; u.spinProbe < spinProbe {
-			u.ctr.rxSpinSkips.Add(1)
-			return 0, unix.EAGAIN
-		}
-		u.spinProbe = 0
+	run := u.run
+	u.run = 0
+	if run > spinRun {
+		u.ctr.rxSpinSkips.Add(1)
+		return 0, unix.EAGAIN
 	}
 	u.ctr.rxSpins.Add(1)
 	start := time.Now()
-	r, e := 0, unix.EAGAIN
 	for !u.closed.Load() {
-		r, e = mmsg(unix.SYS_RECVMMSG, fd, u.rx.msgs[:u.rxN])
+		r, e := mmsg(unix.SYS_RECVMMSG, fd, u.rx.msgs[:u.rxN])
 		if e != unix.EAGAIN {
 			if e == 0 {
 				u.ctr.rxSpinHits.Add(1)
 			}
-			break
+			return r, e
 		}
 		if time.Since(start) >= u.busyPoll {
 			break
 		}
 	}
-	// spinHit += (hit - spinHit) / 16, in 1/1024ths.
-	hit := int32(0)
-	if e != unix.EAGAIN {
-		hit = 1024
-	}
-	u.spinHit += (hit - u.spinHit) / 16
-	return r, e
+	return 0, unix.EAGAIN
 }
 
-const (
-	// spinMinHit is the share of spins (in 1/1024ths) that must find data for every empty
-	// receive to spin.
-	spinMinHit = 700
-	// spinProbe: below spinMinHit, one empty receive in spinProbe spins.
-	spinProbe = 8
-)
+// spinRun is the longest run of packets after which an empty receive spins (spinRecv).
+const spinRun = 2
 
 // mmsg makes the sendmmsg or recvmmsg call trap on msgs (not empty) with MSG_DONTWAIT, again
 // while a signal interrupts it, and returns how many messages it moved.
@@ -603,6 +590,7 @@ func (u *UDP) Recv(pkts []Packet) (int, error) {
 		}
 		if u.gro {
 			if k := u.drainGRO(pkts); k > 0 {
+				u.run += k
 				return k, nil
 			}
 		}
@@ -663,6 +651,7 @@ func (u *UDP) Recv(pkts []Packet) (int, error) {
 			k++
 		}
 		if k > 0 {
+			u.run += k
 			return k, nil
 		}
 	}

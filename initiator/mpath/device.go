@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/srpd/srpd/initiator"
+	"github.com/srpd/srpd/transport"
 )
 
 // ErrNoPath: no path was usable within NoPathTimeout (an NBD client gets EIO, as from
@@ -47,6 +49,15 @@ type Path interface {
 	// LUN is the path's LUN now: nil while its session is not logged in (after dev_loss_tmo
 	// the daemon dials a new session, whose LUN then comes back here).
 	LUN() *initiator.LUN
+}
+
+// PostBatchPath may be implemented by a Path whose commands go through a transport device
+// that batches posts (transport.PostBatcher; the daemon's paths: their session's device). The
+// Device brackets posts on every such device its paths had when it was made (BeginPosts), so
+// that an NBD export of it sends the requests of one read together as a LUN's export does.
+type PostBatchPath interface {
+	Path
+	PostBatcher() transport.PostBatcher
 }
 
 // Options tune a Device.
@@ -76,6 +87,9 @@ type Device struct {
 	ro, dis bool
 
 	reqs sync.Pool // *request: async I/O in flight
+	// batchers are the paths' transport devices that batch posts (PostBatchPath), fixed at
+	// New so that every BeginPosts meets its EndPosts on the same devices.
+	batchers []transport.PostBatcher
 
 	ready  chan struct{} // closed once the unit was seen through a path (size and block size known)
 	stop   chan struct{}
@@ -128,6 +142,11 @@ func New(paths []Path, o Options) (*Device, error) {
 	d := &Device{log: o.Logger, opts: o, changed: make(chan struct{}), ready: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	for _, p := range paths {
 		d.paths = append(d.paths, &path{p: p, state: Unavailable, why: "not checked yet"})
+		if pb, ok := p.(PostBatchPath); ok {
+			if b := pb.PostBatcher(); b != nil && !slices.Contains(d.batchers, b) {
+				d.batchers = append(d.batchers, b)
+			}
+		}
 	}
 	d.reqs.New = func() any {
 		r := &request{d: d}
@@ -477,6 +496,21 @@ type request struct {
 	done     func(error)
 	p        *path
 	deadline time.Time
+}
+
+// BeginPosts opens a bracket on the paths' post-batching devices (see PostBatchPath): the
+// commands posted until EndPosts, on whichever path, are sent together.
+func (d *Device) BeginPosts() {
+	for _, b := range d.batchers {
+		b.BeginPosts()
+	}
+}
+
+// EndPosts ends a BeginPosts bracket.
+func (d *Device) EndPosts() {
+	for _, b := range d.batchers {
+		b.EndPosts()
+	}
 }
 
 // ReadAtAsync starts a read through the active path; done is called once, maybe on the

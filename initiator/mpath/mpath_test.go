@@ -18,6 +18,7 @@ import (
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/stack"
 	"github.com/srpd/srpd/scsi"
+	"github.com/srpd/srpd/transport"
 )
 
 const naa = "6001405abcdef0123456789abcdef012"
@@ -363,5 +364,89 @@ func TestAsyncAllocs(t *testing.T) {
 	})
 	if n > 0 {
 		t.Fatalf("%.1f allocations per asynchronous read", n)
+	}
+}
+
+// countBatcher counts the brackets a Device opens on a transport.PostBatcher it wraps.
+type countBatcher struct {
+	transport.PostBatcher
+	mu           sync.Mutex
+	begins, ends int
+}
+
+func (b *countBatcher) BeginPosts() {
+	b.mu.Lock()
+	b.begins++
+	b.mu.Unlock()
+	b.PostBatcher.BeginPosts()
+}
+
+func (b *countBatcher) EndPosts() {
+	b.mu.Lock()
+	b.ends++
+	b.mu.Unlock()
+	b.PostBatcher.EndPosts()
+}
+
+// batchPath is a sessionPath that names its session's post-batching device (PostBatchPath).
+type batchPath struct {
+	*sessionPath
+	b transport.PostBatcher
+}
+
+func (p batchPath) PostBatcher() transport.PostBatcher { return p.b }
+
+// TestPostBatchAcrossPaths: the Device brackets posts on its paths' post-batching devices, once
+// per distinct device (both paths here share the initiator's), and reads posted inside a
+// bracket are held back by softroce, sent together, and answered with the right data.
+func TestPostBatchAcrossPaths(t *testing.T) {
+	f := newFixture(t)
+	cb := &countBatcher{PostBatcher: f.itr.SoftRoCE()}
+	var ps []mpath.Path
+	for _, p := range f.paths {
+		ps = append(ps, batchPath{p, cb})
+	}
+	d, err := mpath.New(ps, mpath.Options{Logger: f.log, CheckInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	waitActive(t, d, "gw1")
+	const n, bs = 8, 4096
+	want := make([]byte, n*bs)
+	for i := range want {
+		want[i] = byte(i*13 + i/bs)
+	}
+	if err := d.WriteAt(f.ctx, want, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	before := f.itr.SoftRoCE().Stats()
+	got := make([]byte, n*bs)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	d.BeginPosts()
+	for i := range n {
+		wg.Add(1)
+		d.ReadAtAsync(f.ctx, got[i*bs:(i+1)*bs], int64(i*bs), func(err error) { errs <- err; wg.Done() })
+	}
+	d.EndPosts()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("data read differs from what was written")
+	}
+	st := f.itr.SoftRoCE().Stats()
+	cb.mu.Lock()
+	defer cb.mu.Unlock()
+	if cb.begins != 1 || cb.ends != 1 {
+		t.Fatalf("brackets on the shared device: %d begins, %d ends; want 1 each", cb.begins, cb.ends)
+	}
+	if st.HeldSends == before.HeldSends || st.HeldPackets == before.HeldPackets {
+		t.Fatalf("nothing held: %d packets in %d sends", st.HeldPackets-before.HeldPackets, st.HeldSends-before.HeldSends)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/ctlapi"
 	"github.com/srpd/srpd/internal/stack"
+	"github.com/srpd/srpd/transport"
 )
 
 // mpathRT is a running multipath group: one mpath.Device per exported LUN over the group's
@@ -38,6 +39,19 @@ type connPath struct {
 }
 
 func (p connPath) Name() string { return p.name }
+
+// PostBatcher makes the path an mpath.PostBatchPath: its session's transport device, when it
+// batches posts (softroce).
+func (p connPath) PostBatcher() transport.PostBatcher {
+	p.d.mu.RLock()
+	c := p.d.conns[p.name]
+	p.d.mu.RUnlock()
+	if c == nil || c.tr == nil {
+		return nil
+	}
+	b, _ := c.tr.Device.(transport.PostBatcher)
+	return b
+}
 
 func (p connPath) LUN() *initiator.LUN {
 	p.d.mu.RLock()

@@ -525,11 +525,21 @@ func (d *Device) rxLoop() {
 		bs = 32
 	}
 	b := newRxBufs(bs, rxInline, false)
+	// A link that can hand out views of its receive memory (UDP with GRO) saves a copy of
+	// every received byte; the views are used up within the batch (rxBatch keeps nothing).
+	recv := d.lnk.Recv
+	if vr, ok := d.lnk.(link.ViewReceiver); ok {
+		recv = vr.RecvViews
+	}
+	own := make([][]byte, len(b.rx))
+	for i := range b.rx {
+		own[i] = b.rx[i].Buf[:cap(b.rx[i].Buf)]
+	}
 	for {
 		for i := range b.rx {
-			b.rx[i].Buf = b.rx[i].Buf[:cap(b.rx[i].Buf)]
+			b.rx[i].Buf = own[i]
 		}
-		n, err := d.lnk.Recv(b.rx)
+		n, err := recv(b.rx)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return

@@ -5,6 +5,7 @@ package link
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"testing"
 	"unsafe"
@@ -195,48 +196,56 @@ func FuzzGROSplit(f *testing.F) {
 				}
 			}
 
-			// 2. Accounting: every piece is counted once; what Recv would return is pieces, in order.
-			u = rxOnlyUDP(local)
-			u.load(data, name, ctrl, flags)
-			pkts := make([]Packet, 3)
-			for i := range pkts {
-				pkts[i].Buf = make([]byte, MaxPacket)
-			}
-			next := 0
-			for i := 0; ; i++ {
-				if i > len(pieces) {
-					t.Error("drainGRO does not finish")
-					return
+			// 2. Accounting: every piece is counted once; what Recv would return is pieces, in
+			// order, copied or as views (RecvViews) of exactly their length.
+			for _, views := range []bool{false, true} {
+				u = rxOnlyUDP(local)
+				u.load(data, name, ctrl, flags)
+				pkts := make([]Packet, 3)
+				own := make([][]byte, len(pkts))
+				for i := range pkts {
+					own[i] = make([]byte, MaxPacket)
 				}
-				for j := range pkts {
-					pkts[j].Buf = pkts[j].Buf[:cap(pkts[j].Buf)]
-				}
-				k := u.drainGRO(pkts)
-				if k == 0 {
-					break
-				}
-				for _, p := range pkts[:k] {
-					for next < len(pieces) && !bytes.Equal(pieces[next], p.Buf) {
+				next := 0
+				for i := 0; ; i++ {
+					if i > len(pieces) {
+						t.Error("drainGRO does not finish")
+						return
+					}
+					for j := range pkts {
+						pkts[j].Buf = own[j]
+					}
+					k := u.drainGRO(pkts, views)
+					if k == 0 {
+						break
+					}
+					for _, p := range pkts[:k] {
+						if views && cap(p.Buf) != len(p.Buf) {
+							t.Errorf("a view of %d bytes has capacity %d", len(p.Buf), cap(p.Buf))
+							return
+						}
+						for next < len(pieces) && !bytes.Equal(pieces[next], p.Buf) {
+							next++
+						}
+						if next == len(pieces) {
+							t.Errorf("returned a packet of %d bytes that is not a later piece", len(p.Buf))
+							return
+						}
 						next++
-					}
-					if next == len(pieces) {
-						t.Errorf("returned a packet of %d bytes that is not a later piece", len(p.Buf))
-						return
-					}
-					next++
-					if p.Src != groPeer || p.Dst.Port() != UDPPort {
-						t.Errorf("returned packet from %v to %v", p.Src, p.Dst)
-						return
-					}
-					if _, err := wire.Parse(p.Buf); err != nil {
-						t.Errorf("returned packet does not parse: %v", err)
-						return
+						if p.Src != groPeer || p.Dst.Port() != UDPPort {
+							t.Errorf("returned packet from %v to %v", p.Src, p.Dst)
+							return
+						}
+						if _, err := wire.Parse(p.Buf); err != nil {
+							t.Errorf("returned packet does not parse: %v", err)
+							return
+						}
 					}
 				}
-			}
-			st := u.Stats()
-			if n := st.RxPackets + st.RxMalformedDrops + st.RxICRCDrops; n != uint64(len(pieces)) {
-				t.Errorf("%d pieces but %+v", len(pieces), st)
+				st := u.Stats()
+				if n := st.RxPackets + st.RxMalformedDrops + st.RxICRCDrops; n != uint64(len(pieces)) {
+					t.Errorf("%d pieces but %+v", len(pieces), st)
+				}
 			}
 		})
 	})
@@ -262,26 +271,28 @@ func TestGROSplitSeeds(t *testing.T) {
 		{"controllen beyond the buffer", four, seg, groFlagControllen, 4, 0, 0, 1},
 		{"empty datagram", nil, 0, 0, 0, 1, 0, 0},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			u := rxOnlyUDP(groLocal)
-			var ctrl []byte
-			if tc.seg > 0 {
-				ctrl = groCmsg(tc.seg)
-			}
-			u.load(tc.data, sockaddr4(groPeer), ctrl, tc.flags)
-			pkts := recvBufs(8)
-			n := u.drainGRO(pkts)
-			st := u.Stats()
-			if uint64(n) != tc.pkts || st.RxPackets != tc.pkts || st.RxMalformedDrops != tc.malformed ||
-				st.RxICRCDrops != tc.icrc || st.RxGROMessages != tc.gro {
-				t.Fatalf("returned %d, %+v; want %d packets, %d malformed, %d ICRC, %d GRO",
-					n, st, tc.pkts, tc.malformed, tc.icrc, tc.gro)
-			}
-			for i, p := range pkts[:n] {
-				if !bytes.Equal(p.Buf, four[i*seg:(i+1)*seg]) || wire.BTH(p.Buf).PSN() != wire.PSN(i) {
-					t.Fatalf("packet %d differs", i)
+		for _, views := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/views=%v", tc.name, views), func(t *testing.T) {
+				u := rxOnlyUDP(groLocal)
+				var ctrl []byte
+				if tc.seg > 0 {
+					ctrl = groCmsg(tc.seg)
 				}
-			}
-		})
+				u.load(tc.data, sockaddr4(groPeer), ctrl, tc.flags)
+				pkts := recvBufs(8)
+				n := u.drainGRO(pkts, views)
+				st := u.Stats()
+				if uint64(n) != tc.pkts || st.RxPackets != tc.pkts || st.RxMalformedDrops != tc.malformed ||
+					st.RxICRCDrops != tc.icrc || st.RxGROMessages != tc.gro {
+					t.Fatalf("returned %d, %+v; want %d packets, %d malformed, %d ICRC, %d GRO",
+						n, st, tc.pkts, tc.malformed, tc.icrc, tc.gro)
+				}
+				for i, p := range pkts[:n] {
+					if !bytes.Equal(p.Buf, four[i*seg:(i+1)*seg]) || wire.BTH(p.Buf).PSN() != wire.PSN(i) {
+						t.Fatalf("packet %d differs", i)
+					}
+				}
+			})
+		}
 	}
 }

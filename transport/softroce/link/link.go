@@ -85,6 +85,16 @@ type Link interface {
 	Close() error
 }
 
+// ViewReceiver is implemented by links that can hand received packets out of their own
+// receive memory instead of copying each into the caller's buffer (UDP with GRO: the datagrams
+// of a coalesced message are split into views of it). RecvViews is Recv, except that it may
+// point pkts[i].Buf at such a view: valid until the next Recv or RecvViews call, of exactly the
+// packet's length and capacity. A caller that lends its own buffers in pkts puts them back
+// before each call (Recv needs their capacity).
+type ViewReceiver interface {
+	RecvViews(pkts []Packet) (int, error)
+}
+
 // Encapsulator is implemented by links that can tell the exact IP/UDP encapsulation they give
 // a sent packet (used by the pcap tap). p must have been passed to Send already (so its Src is
 // resolved the same way).

@@ -578,7 +578,14 @@ func mmsg(trap, fd uintptr, msgs []unix.Mmsghdr) (int, unix.Errno) {
 }
 
 // Recv implements Link.
-func (u *UDP) Recv(pkts []Packet) (int, error) {
+func (u *UDP) Recv(pkts []Packet) (int, error) { return u.recv(pkts, false) }
+
+// RecvViews implements ViewReceiver: with GRO, the packets of a coalesced datagram are views
+// of the link's receive buffer, not copies (one copy of every received byte less; without GRO
+// recvmmsg writes into the caller's buffers anyway).
+func (u *UDP) RecvViews(pkts []Packet) (int, error) { return u.recv(pkts, true) }
+
+func (u *UDP) recv(pkts []Packet, views bool) (int, error) {
 	if ok, err := recvInto(pkts); !ok {
 		return 0, err
 	}
@@ -589,7 +596,7 @@ func (u *UDP) Recv(pkts []Packet) (int, error) {
 			return 0, net.ErrClosed
 		}
 		if u.gro {
-			if k := u.drainGRO(pkts); k > 0 {
+			if k := u.drainGRO(pkts, views); k > 0 {
 				u.run += k
 				return k, nil
 			}
@@ -657,10 +664,11 @@ func (u *UDP) Recv(pkts []Packet) (int, error) {
 	}
 }
 
-// drainGRO copies segments from the GRO buffers into pkts and returns how many were accepted.
+// drainGRO copies segments from the GRO buffers into pkts (with views, points pkts at them) and
+// returns how many were accepted.
 // Every datagram the kernel delivered is counted exactly once: returned (RxPackets) or dropped
 // (RxMalformedDrops, RxICRCDrops).
-func (u *UDP) drainGRO(pkts []Packet) int {
+func (u *UDP) drainGRO(pkts []Packet, views bool) int {
 	k := 0
 	for k < len(pkts) {
 		data, st := u.nextGRO()
@@ -673,8 +681,12 @@ func (u *UDP) drainGRO(pkts []Packet) int {
 		}
 		p := &pkts[k]
 		p.Src, p.Dst, p.TrafficClass = u.groMeta.Src, u.groMeta.Dst, u.groMeta.TrafficClass
-		p.Buf = p.Buf[:len(data)]
-		copy(p.Buf, data)
+		if views {
+			p.Buf = data[:len(data):len(data)]
+		} else {
+			p.Buf = p.Buf[:len(data)]
+			copy(p.Buf, data)
+		}
 		e := wire.Encap{Src: p.Src, Dst: p.Dst}
 		if !u.ctr.checkRx(&e, p.Buf) {
 			continue

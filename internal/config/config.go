@@ -130,6 +130,8 @@ type Transport struct {
 	// up to 1ms. Omitted: DefaultBusyPoll on a transport that only serves targets (a storage
 	// host, where the poll saves the wake-up on every command's critical path), off on one
 	// that initiator sessions use (a compute host, whose CPU belongs to the applications).
+	// The poll follows only a short run of packets (a lone command or its ACK), not a
+	// pipelining peer's batch.
 	BusyPoll *Timeout `yaml:"busy_poll,omitempty" json:"busy_poll,omitempty"`
 	// PacketLifeTime (softroce) is the path packet life time the connections we dial offer
 	// (REQ), which sets our QPs' local ACK timeout (about twice it): a peer that stops

@@ -408,8 +408,9 @@ func TestLUNPostBatch(t *testing.T) {
 	held, sends := st.HeldPackets-before.HeldPackets, st.HeldSends-before.HeldSends
 	t.Logf("%d commands: %d held, in %d sends", rounds*n, held, sends)
 	// A post can find its QP with the transmit loop, or the receive loop running handlers:
-	// those go unheld; most are held.
-	if held < rounds*n/4 || sends == 0 || sends > 2*rounds {
-		t.Fatalf("%d commands in %d brackets: %d held in %d sends; want most held, a send or two per bracket", rounds*n, rounds, held, sends)
+	// those go unheld (here 112-128 of 160 were held, in 7-8 sends); at least a bracket's worth
+	// must be, at most a send or two per bracket.
+	if held < n || sends == 0 || sends > 2*rounds {
+		t.Fatalf("%d commands in %d brackets: %d held in %d sends; want at least %d held, a send or two per bracket", rounds*n, rounds, held, sends, n)
 	}
 }

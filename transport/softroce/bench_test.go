@@ -43,6 +43,24 @@ func BenchmarkLoopback(b *testing.B) {
 	}
 }
 
+// pollSome polls cq into wc once; when it is empty it waits for a notification and returns 0.
+// Any completion that is not a success stops t.
+func pollSome(t tb, ctx context.Context, cq transport.CQ, wc []transport.WC) int {
+	n := cq.Poll(wc)
+	if n == 0 {
+		if err := cq.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	}
+	for _, c := range wc[:n] {
+		if c.Status != transport.WCSuccess {
+			t.Fatalf("completion %+v", c)
+		}
+	}
+	return n
+}
+
 func mbps(b *testing.B, bytes int64, d time.Duration) {
 	b.ReportMetric(float64(bytes)/d.Seconds()/1e6, "MB/s")
 }
@@ -118,18 +136,7 @@ func benchRun(b *testing.B, na, nb *node, size int, op transport.WROpcode) {
 			posted++
 			inflight++
 		}
-		n := na.scq.Poll(wc[:])
-		if n == 0 {
-			if err := na.scq.Wait(wctx); err != nil {
-				b.Fatal(err)
-			}
-			continue
-		}
-		for _, c := range wc[:n] {
-			if c.Status != transport.WCSuccess {
-				b.Fatalf("completion %+v", c)
-			}
-		}
+		n := pollSome(b, wctx, na.scq, wc[:])
 		done += n
 		inflight -= n
 	}

@@ -203,6 +203,11 @@ func (d *Daemon) collect(e *emitter) {
 		e.counter("srpd_softroce_link_drops_total", "Packets dropped by the link (malformed, queue overflow).", s.LinkDrops, l...)
 		e.counter("srpd_softroce_engine_drops_total", "Packets dropped by the engine (no QP, wrong state, bad header).", s.Dropped, l...)
 		e.counter("srpd_softroce_cq_overruns_total", "Completion queue overruns.", s.CQOverruns, l...)
+		e.counter("srpd_softroce_busy_polls_total", "Receives that found the UDP socket empty and polled it (busy_poll).", s.BusyPolls, l...)
+		e.counter("srpd_softroce_busy_poll_hits_total", "Busy polls that found a packet before they ended.", s.BusyPollHits, l...)
+		e.counter("srpd_softroce_busy_poll_skips_total", "Empty receives that slept without polling: they followed a run of packets (a pipelining peer).", s.BusyPollSkips, l...)
+		e.counter("srpd_softroce_held_packets_total", "Packets of posts inside a post bracket (an NBD read's requests), sent together.", s.HeldPackets, l...)
+		e.counter("srpd_softroce_held_sends_total", "Link sends that carried held packets.", s.HeldSends, l...)
 		e.counter("srpd_softroce_cm_mads_received_total", "Connection-management MADs received.", cm.RxMADs, l...)
 		e.counter("srpd_softroce_cm_mads_sent_total", "Connection-management MADs sent.", cm.TxMADs, l...)
 	}

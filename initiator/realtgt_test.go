@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/srpd/srpd/internal/cbatch"
+	"github.com/srpd/srpd/internal/testutil"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/scsi/backend"
 	"github.com/srpd/srpd/srp"
@@ -385,20 +386,8 @@ func TestLUNPostBatch(t *testing.T) {
 	got := make([]byte, n*bs)
 	for round := 0; round < rounds; round++ {
 		clear(got)
-		var wg sync.WaitGroup
-		errs := make(chan error, n)
-		l.BeginPosts()
-		for i := 0; i < n; i++ {
-			wg.Add(1)
-			l.ReadAtAsync(ctx, got[i*bs:(i+1)*bs], int64(i*bs), func(err error) { errs <- err; wg.Done() })
-		}
-		l.EndPosts()
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			if err != nil {
-				t.Fatal(err)
-			}
+		if err := testutil.ReadBracketed(ctx, l, got, bs); err != nil {
+			t.Fatal(err)
 		}
 		if !bytes.Equal(got, want) {
 			t.Fatalf("round %d: data read differs from what was written", round)

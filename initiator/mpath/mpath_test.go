@@ -17,6 +17,7 @@ import (
 	"github.com/srpd/srpd/initiator/mpath"
 	"github.com/srpd/srpd/internal/config"
 	"github.com/srpd/srpd/internal/stack"
+	"github.com/srpd/srpd/internal/testutil"
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/transport"
 )
@@ -429,20 +430,8 @@ func TestPostBatchAcrossPaths(t *testing.T) {
 	round := 0
 	for ; round < rounds && st.HeldSends == before.HeldSends; round++ {
 		clear(got)
-		var wg sync.WaitGroup
-		errs := make(chan error, n)
-		d.BeginPosts()
-		for i := range n {
-			wg.Add(1)
-			d.ReadAtAsync(f.ctx, got[i*bs:(i+1)*bs], int64(i*bs), func(err error) { errs <- err; wg.Done() })
-		}
-		d.EndPosts()
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			if err != nil {
-				t.Fatal(err)
-			}
+		if err := testutil.ReadBracketed(f.ctx, d, got, bs); err != nil {
+			t.Fatal(err)
 		}
 		if !bytes.Equal(got, want) {
 			t.Fatal("data read differs from what was written")

@@ -57,9 +57,10 @@
 #   SERVERS="ours-2proc nbdkit-tcp qemu-nbd-tcp" bench/bench.sh nbd netns
 #   PROFILE=1 bench/bench.sh nbd  # CPU profiles of our processes, top functions printed
 #
-# Environment: RUNTIME (s per fio job, 10), REPEAT (rounds of all jobs, interleaved; the summary
-# gives medians; 1), RAMP (s, 1), SIZE (export size, 1g), QDS ("32 1"), JOBS (words; only the
-# jobs whose name contains one of them, e.g. "randread 128k-qd1"; default all),
+# Environment: RUNTIME (s per fio job, 10), REPEAT (rounds of all jobs, interleaved, every other
+# one with the servers in reverse order; the summary gives medians; 1), RAMP (s, 1), SIZE
+# (export size, 1g), QDS ("32 1"), JOBS (words; only the jobs whose name contains one of them,
+# e.g. "randread 128k-qd1"; default all),
 # CHANNELS (2), INI_QD (initiator queue depth per channel, 64), OURS (our set-ups, each run in
 # the same run as its own processes: MODE[:GOMAXPROCS], MODE local (column ours), localcopy
 # (column ours-copy: local with the NBD buffers on the Go heap, copied through the initiator's
@@ -504,13 +505,22 @@ nbd_compare() {
   local unit rep
   # REPEAT rounds of every job against every server, interleaved (the machine's load drifts
   # over minutes); the summary takes each figure's median over the rounds.
+  local -a order
+  local k
   for rep in $(seq 1 "$REPEAT"); do
     [[ $REPEAT -gt 1 ]] && echo "== round $rep of $REPEAT"
+    # Every other round runs the servers in reverse order, so that in an A/B neither side
+    # always runs first, or always right after the same one.
+    order=("${servers[@]}")
+    if ((rep % 2 == 0)); then
+      order=()
+      for ((k = ${#servers[@]} - 1; k >= 0; k--)); do order+=("${servers[k]}"); done
+    fi
     for j in "${jobs[@]}"; do
       read -r name rw bs qd unit <<<"$j"
       dir="read"
       [[ $rw == *write* ]] && dir="write"
-      for s in "${servers[@]}"; do
+      for s in "${order[@]}"; do
         out="$work/$name.$s.json"
         local c0 c1 t0 t1 ios wall
         local -a cp

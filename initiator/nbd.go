@@ -109,21 +109,16 @@ func (d nbdDevice) AsyncError(err error, write bool) error { return mapErr(err, 
 // posts (a LUN whose transport device is a transport.PostBatcher): the requests of one read of
 // the connection reach the target together.
 func (d nbdDevice) BeginPosts() {
-	if b, ok := d.l.(postBatcher); ok {
+	if b, ok := d.l.(nbd.PostBatcher); ok {
 		b.BeginPosts()
 	}
 }
 
 // EndPosts: see BeginPosts.
 func (d nbdDevice) EndPosts() {
-	if b, ok := d.l.(postBatcher); ok {
+	if b, ok := d.l.(nbd.PostBatcher); ok {
 		b.EndPosts()
 	}
-}
-
-type postBatcher interface {
-	BeginPosts()
-	EndPosts()
 }
 
 func (d nbdDevice) Flush(ctx context.Context) error { return mapErr(d.l.Flush(ctx), false) }

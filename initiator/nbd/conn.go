@@ -15,9 +15,10 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/srpd/srpd/internal/cbatch"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/srpd/srpd/internal/cbatch"
 )
 
 // readBufferSize is the size of a connection's bufio.Reader: many pipelined request headers

@@ -595,17 +595,14 @@ func (d *Device) rxBatch(b *rxBufs, n int) bool {
 		var locked bool
 		ctl, held, locked = d.rxHandle(ctl, b.big[nbig:])
 		if locked {
-			d.sendHeld(held)
-			if len(ctl) > 0 {
-				d.sendFrom(ctl, b.big)
-			}
+			d.sendTaken(held, ctl, b.big)
 			d.sendMu.Unlock()
 			clear(ctl)
 			b.ctl = ctl[:0]
 		}
 		return true
 	}
-	if len(ctl) == 0 && !d.flushHeld() {
+	if len(ctl) == 0 && !d.heldToFlush() {
 		d.mu.Unlock()
 		d.rxNotify()
 		return true
@@ -614,10 +611,7 @@ func (d *Device) rxBatch(b *rxBufs, n int) bool {
 	held := d.held.take() // built before ctl: they go first
 	d.mu.Unlock()
 	d.rxNotify()
-	d.sendHeld(held)
-	if len(ctl) > 0 {
-		d.sendFrom(ctl, b.big)
-	}
+	d.sendTaken(held, ctl, b.big)
 	d.sendMu.Unlock()
 	clear(ctl) // drop references to buffers' views
 	b.ctl = ctl[:0]
@@ -678,7 +672,7 @@ func (d *Device) rxHandle(ctl []link.Packet, spare [][]byte) (_, held []link.Pac
 		d.txDeferred = false
 		d.wake()
 	}
-	if locked = len(ctl) > 0 || d.flushHeld(); locked {
+	if locked = len(ctl) > 0 || d.heldToFlush(); locked {
 		d.sendMu.Lock()
 		held = d.held.take()
 	}
@@ -803,15 +797,12 @@ func (d *Device) txLoop() {
 		pkts = d.transmit(pkts[:0], bufs, now)
 		pkts = d.cmTx(pkts)
 		deadline := d.deadline
-		if len(pkts) > 0 || d.flushHeld() {
+		if len(pkts) > 0 || d.heldToFlush() {
 			d.sendMu.Lock()
 			d.txHolds.Store(true)
 			held := d.held.take() // built before pkts: they go first
 			d.mu.Unlock()
-			d.sendHeld(held)
-			if len(pkts) > 0 {
-				d.send(pkts)
-			}
+			d.sendTaken(held, pkts, nil)
 			d.txHolds.Store(false)
 			d.sendMu.Unlock()
 			clear(pkts) // drop references to buffers' views

@@ -55,7 +55,7 @@ func (h *heldPosts) waiting() bool {
 }
 
 // take hands the held packets to a goroutine that holds sendMu (taken while it held mu) and
-// sends them (sendHeld) before its own packets. mu held.
+// sends them before its own packets (sendTaken). mu held.
 func (h *heldPosts) take() []link.Packet {
 	if !h.waiting() {
 		return nil
@@ -64,15 +64,18 @@ func (h *heldPosts) take() []link.Packet {
 	return h.pkts
 }
 
-// sendHeld sends what take returned. sendMu held, mu not.
-func (d *Device) sendHeld(pkts []link.Packet) {
-	if len(pkts) == 0 {
-		return
+// sendTaken sends what take returned, then the caller's own packets (built into pool, as for
+// sendFrom). sendMu held, mu not.
+func (d *Device) sendTaken(held, pkts []link.Packet, pool [][]byte) {
+	if len(held) > 0 {
+		d.send(held)
+		d.stats.heldPackets.Add(uint64(len(held)))
+		d.stats.heldSends.Add(1)
+		d.held.sent.Store(true)
 	}
-	d.send(pkts)
-	d.stats.heldPackets.Add(uint64(len(pkts)))
-	d.stats.heldSends.Add(1)
-	d.held.sent.Store(true)
+	if len(pkts) > 0 {
+		d.sendFrom(pkts, pool)
+	}
 }
 
 // hold builds q's packets into the held buffers when a bracket is open and they have room,
@@ -137,14 +140,14 @@ func (d *Device) EndPosts() {
 		}
 		d.sendMu.Lock()
 	}
-	pkts := h.take()
+	held := h.take()
 	d.mu.Unlock()
-	d.sendHeld(pkts)
+	d.sendTaken(held, nil, nil)
 	d.sendMu.Unlock()
 }
 
-// flushHeld reports whether a sender with nothing of its own should still take sendMu for
+// heldToFlush reports whether a sender with nothing of its own should still take sendMu for
 // the held packets: no bracket is open any more. mu held.
-func (d *Device) flushHeld() bool {
+func (d *Device) heldToFlush() bool {
 	return d.held.open == 0 && d.held.waiting()
 }

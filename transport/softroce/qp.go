@@ -535,11 +535,8 @@ func (q *qp) PostSend(wrs []transport.SendWR) error {
 		d.schedule(q) // the rest of a long message: the transmit loop sends it after these
 	}
 	d.mu.Unlock()
-	d.sendHeld(held)
-	if len(pkts) > 0 {
-		d.send(pkts)
-		clear(pkts) // drop references to buffers' views
-	}
+	d.sendTaken(held, pkts, nil)
+	clear(pkts) // drop references to buffers' views
 	d.sendMu.Unlock()
 	return nil
 }

@@ -490,6 +490,17 @@ func zoneIndex(zone string) uint32 {
 // batch that made up a tenth of the target's CPU time at queue depth 1 (perf). A large GSO send
 // keeps its P for the copy, as any Go code would.
 
+// Waiting stays with the Go netpoller. Measured and not kept (2026-12-07): a blocking socket of
+// the link's own, outside the netpoller, whose receive sleeps in recvmmsg (MSG_WAITFORONE,
+// through Syscall6, SO_RCVTIMEO as the bound, shutdown to wake it on Close). A UDP ping-pong
+// of two Go processes on a 2-vCPU VM got faster with it (34 → 26 µs round trip, 21 → 14 µs
+// CPU per exchange: one system call per wake-up instead of a recvmmsg finding nothing, two
+// epoll_pwait and the recvmmsg that reads), and the target's CPU per 4 KiB read at queue depth
+// 1 fell by a fifth, but the NBD benchmark between two processes lost 0-15 % on five of six
+// jobs in the same run (`BENCH_B=ecc95c9 OURS="split split@b" bench/bench.sh nbd`, 3 rounds):
+// each receive then returns with the first datagram and wakes a thread of its own, where the
+// netpoller's later wake-up finds several and runs them on a thread that was awake anyway.
+
 // sendmmsg runs under RawConn.Write: false means "wait until writable".
 func (u *UDP) sendmmsg(fd uintptr) bool {
 	for u.txOff < u.txN {

@@ -544,3 +544,41 @@ func TestUDPGSO(t *testing.T) {
 		})
 	}
 }
+
+// TestUDPCloseReleasesSocket: Close ends a waiting receive with net.ErrClosed and releases the
+// descriptor (no leak over many links), and a failed bind has the shape net.ListenPacket gives
+// it (a *net.OpError whose errno callers test), which internal/stack.ListenCause relies on.
+// Guards any change of how the link owns its socket (an experiment with a blocking socket of
+// its own, outside the netpoller, was measured and not kept: see transport/softroce/link/udp.go).
+func TestUDPCloseReleasesSocket(t *testing.T) {
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Skip("no /proc/self/fd:", err)
+		}
+		return len(ents)
+	}
+	before := fds()
+	for range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		u, err := ListenUDP(ctx, netip.AddrPortFrom(lo4, 0), UDPOptions{GRO: true})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		closeUnblocksRecv(t, u, 4)
+		if _, err := u.Recv(recvBufs(1)); !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Recv after Close: %v", err)
+		}
+	}
+	if after := fds(); after > before {
+		t.Fatalf("%d descriptors open after 20 links were closed, %d before", after, before)
+	}
+
+	u := listen(t, lo4, UDPOptions{})
+	_, err := ListenUDP(context.Background(), u.LocalAddrPort(), UDPOptions{})
+	var oe *net.OpError
+	if !errors.Is(err, unix.EADDRINUSE) || !errors.As(err, &oe) || oe.Op != "listen" {
+		t.Fatalf("bind to a port in use: %v (%T)", err, err)
+	}
+}

@@ -68,7 +68,7 @@ func TestExampleConfigsValidate(t *testing.T) {
 	data, _ := fs.ReadFile(configs.FS(), "srpd.reference.yaml")
 	ref := string(data)
 	for _, key := range []string{"version", "transports", "driver", "address", "interface", "udp_port",
-		"socket_buffer", "mtu", "busy_poll", "device", "port", "targets", "transport", "port_id", "id_ext", "ioc_guid", "listen",
+		"socket_buffer", "mtu", "busy_poll", "keep_icrc", "device", "port", "targets", "transport", "port_id", "id_ext", "ioc_guid", "listen",
 		"cm_port", "luns", "id", "backend", "path", "size", "create", "direct", "block_size", "read_only",
 		"serial", "acls", "initiator", "limits", "max_channels", "queue_depth", "max_it_iu_len",
 		"max_ti_iu_len", "immediate_data", "sessions", "source", "target_port_id", "initiator_ext",

@@ -490,6 +490,7 @@ func (v *validator) transport(p string, t *Transport) {
 		only("udp_port", DriverSoftRoCE, t.UDPPort != 0)
 		only("socket_buffer", DriverSoftRoCE, t.SocketBuffer != 0)
 		only("busy_poll", DriverSoftRoCE, t.BusyPoll != nil)
+		only("keep_icrc", DriverSoftRoCE, t.KeepICRC)
 		only("packet_life_time", DriverSoftRoCE, t.PacketLifeTime != 0)
 	default:
 		v.errorf(join(p, "driver"), ErrInvalid, "%q must be softroce or verbs (or verbs:<device>)", t.Driver)

@@ -200,6 +200,7 @@ func (d *Daemon) collect(e *emitter) {
 		e.counter("srpd_softroce_out_of_sequence_total", "Requests with a PSN beyond the expected one (dropped).", s.OutOfSequence, l...)
 		e.counter("srpd_softroce_duplicates_total", "Duplicate requests.", s.Duplicates, l...)
 		e.counter("srpd_softroce_icrc_drops_total", "Packets dropped for a bad ICRC.", s.ICRCDrops, l...)
+		e.counter("srpd_softroce_icrc_waived_total", "Packets from srpd peers accepted without an ICRC (negotiated; keep_icrc turns it off).", s.ICRCWaived, l...)
 		e.counter("srpd_softroce_link_drops_total", "Packets dropped by the link (malformed, queue overflow).", s.LinkDrops, l...)
 		e.counter("srpd_softroce_engine_drops_total", "Packets dropped by the engine (no QP, wrong state, bad header).", s.Dropped, l...)
 		e.counter("srpd_softroce_cq_overruns_total", "Completion queue overruns.", s.CQOverruns, l...)

@@ -131,7 +131,7 @@ func openSoftRoCE(ctx context.Context, cfg config.Transport, o TransportOptions)
 		}
 	}
 	dev, err := softroce.Open(softroce.Config{Name: "srpd-" + cfg.Name, Link: lnk, Addrs: addrs, Logger: log.Named("softroce"),
-		MTU: transport.MTUFromBytes(cfg.MTU), MaxQP: o.MaxQP, MaxMR: o.MaxMR})
+		MTU: transport.MTUFromBytes(cfg.MTU), MaxQP: o.MaxQP, MaxMR: o.MaxMR, KeepICRC: cfg.KeepICRC})
 	if err != nil {
 		_ = lnk.Close()
 		return nil, fmt.Errorf("transport %s: %w", cfg.Name, err)

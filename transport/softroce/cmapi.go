@@ -266,7 +266,7 @@ func (r *connRequest) Accept(ctx context.Context, tqp transport.QP, privateData 
 	c.estWait[q.qpn] = rec.id
 	err = c.call(func(now time.Duration, out *cm.Outputs) error {
 		return c.mgr.Accept(now, rec.id, &cm.AcceptParams{QPN: q.qpn, PrivateData: privateData, Param: param,
-			ECE: acceptECE(r.ece)}, out)
+			ECE: acceptECE(r.ece, d.waiver)}, out)
 	})
 	if err != nil {
 		rec.wait = nil
@@ -369,7 +369,7 @@ func (d *Device) Dial(ctx context.Context, remote netip.AddrPort, tqp transport.
 	id, err := c.mgr.Dial(t, &cm.DialParams{
 		LocalAddr: local, RemoteAddr: ra, DstPort: remote.Port(), QPN: q.qpn,
 		PrivateData: privateData, Param: param, PathMTU: mtu,
-		ECE: cm.ECE{VendorID: eceVendorSRPD, AttrMod: eceOffer},
+		ECE: cm.ECE{VendorID: eceVendorSRPD, AttrMod: d.eceOffer()},
 	}, &c.out)
 	if err != nil {
 		d.mu.Unlock()
@@ -499,14 +499,45 @@ const (
 	eceVendorSRPD = 0x0A5250
 	eceOffer      = 1 << 0 // REQ: our receiver accepts any IPv4 Identification
 	eceAgree      = 1 << 1 // REP: so does ours, answering an offer
+	// The ICRC waiver (Config.KeepICRC): both ends then send without ICRC and accept packets
+	// without one on this connection's QPs, their UDP checksum covering the same bytes.
+	eceNoICRCOffer = 1 << 2 // REQ: our receiver waives the ICRC (our link can: ICRCWaiver)
+	eceNoICRCAgree = 1 << 3 // REP: so does ours, answering an offer
 )
 
-// acceptECE is the ECE our REP carries for a REQ's: agreement to an srpd offer, else none.
-func acceptECE(req cm.ECE) cm.ECE {
-	if req.VendorID == eceVendorSRPD && req.AttrMod&eceOffer != 0 {
-		return cm.ECE{VendorID: eceVendorSRPD, AttrMod: eceAgree}
+// eceOffer is the ECE attribute our REQ carries.
+func (d *Device) eceOffer() uint32 {
+	if d.waiver {
+		return eceOffer | eceNoICRCOffer
 	}
-	return cm.ECE{}
+	return eceOffer
+}
+
+// acceptECE is the ECE our REP carries for a REQ's: agreement to an srpd offer (to the ICRC
+// waiver only when our link can waive it too), else none.
+func acceptECE(req cm.ECE, waiver bool) cm.ECE {
+	if req.VendorID != eceVendorSRPD || req.AttrMod&eceOffer == 0 {
+		return cm.ECE{}
+	}
+	a := uint32(eceAgree)
+	if waiver && req.AttrMod&eceNoICRCOffer != 0 {
+		a |= eceNoICRCAgree
+	}
+	return cm.ECE{VendorID: eceVendorSRPD, AttrMod: a}
+}
+
+// peerWaivesICRC reports whether the peer's ECE (its REQ's when we are passive, its REP's
+// when active) waives the ICRC both ways: as the active side, its agreement answers our offer,
+// which we made only if our link can; as the passive side, the offer (which our REP agreed to
+// only if our link can: the caller checks that with Device.waiver).
+func peerWaivesICRC(peer cm.ECE, active bool) bool {
+	if peer.VendorID != eceVendorSRPD {
+		return false
+	}
+	if active {
+		return peer.AttrMod&eceNoICRCAgree != 0
+	}
+	return peer.AttrMod&eceNoICRCOffer != 0
 }
 
 // peerSegmentable reports whether the peer's ECE (its REQ's when we are passive, its REP's

@@ -81,6 +81,12 @@ type Config struct {
 	// other, instead of handing them to the device's own receive path (loop.go). Set it to see
 	// such traffic in a capture of the link.
 	NoLoopback bool
+	// KeepICRC computes and checks the ICRC of every packet, also with an srpd peer. Without
+	// it, a device whose link can waive the ICRC (link.ICRCWaiver: UDP, covered by the UDP
+	// checksum) offers an srpd peer to leave it out in both directions (CM ECE, cmapi.go), which
+	// saves a CRC-32 of every byte at both ends; kernel peers never see the offer. Set it to read
+	// srpd-to-srpd traffic with a decoder that checks ICRCs (tshark).
+	KeepICRC bool
 	// Limits; zero values select the defaults shown.
 	MaxQP      int // 1024
 	MaxMR      int // 65536
@@ -98,11 +104,15 @@ type Device struct {
 	log   *zap.Logger
 	debug bool
 	lnk   link.Link
-	attr  transport.DeviceAttr
-	addrs []netip.AddrPort
-	gids  []transport.GID
-	port  uint16
-	cm    *cmState // connection management over QP1 (qp1.go, cmapi.go)
+	// waiver: the link accepts packets without ICRC for the QPs in waived (ICRCWaiver, unless
+	// Config.KeepICRC); the offer our CM makes to srpd peers.
+	waiver bool
+	waived sync.Map // uint32 QPN → struct{}: QPs whose srpd peer sends without ICRC
+	attr   transport.DeviceAttr
+	addrs  []netip.AddrPort
+	gids   []transport.GID
+	port   uint16
+	cm     *cmState // connection management over QP1 (qp1.go, cmapi.go)
 
 	mu sync.Mutex
 	// rxMu makes the receive paths (the link's receive loop, the loopback loop) take turns
@@ -190,6 +200,10 @@ func Open(cfg Config) (*Device, error) {
 	if d.name == "" {
 		d.name = defaultName
 	}
+	if w, ok := cfg.Link.(link.ICRCWaiver); ok && !cfg.KeepICRC {
+		d.waiver = true
+		w.WaiveICRC(d.icrcWaived)
+	}
 	d.postBufs = make([][]byte, postInline)
 	backing := make([]byte, postInline*bufSize)
 	for i := range d.postBufs {
@@ -270,6 +284,7 @@ func (d *Device) Stats() Stats {
 	s.ICRCDrops = ls.RxICRCDrops
 	s.LinkDrops = ls.RxMalformedDrops + ls.RxQueueDrops
 	s.BusyPolls, s.BusyPollHits, s.BusyPollSkips = ls.RxBusyPolls, ls.RxBusyPollHits, ls.RxBusyPollSkips
+	s.ICRCWaived = ls.RxICRCWaived
 	return s
 }
 
@@ -941,4 +956,10 @@ func (d *Device) touch(q *qp) {
 		q.inTouched = true
 		d.touched = append(d.touched, q)
 	}
+}
+
+// icrcWaived is the link's ICRCWaiver predicate: QP qpn negotiated packets without ICRC.
+func (d *Device) icrcWaived(qpn uint32) bool {
+	_, ok := d.waived.Load(qpn)
+	return ok
 }

@@ -43,13 +43,144 @@ func TestPeerSegmentableRule(t *testing.T) {
 			t.Errorf("%s: peerSegmentable(%+v, active %v) = %v, want %v", tc.name, tc.peer, tc.active, got, tc.want)
 		}
 	}
-	if got := acceptECE(offer); got != agree {
-		t.Errorf("acceptECE(srpd offer) = %+v, want %+v", got, agree)
-	}
-	for _, req := range []cm.ECE{{}, {VendorID: 0x02c9, AttrMod: 1}, {VendorID: eceVendorSRPD}} {
-		if got := acceptECE(req); got != (cm.ECE{}) {
-			t.Errorf("acceptECE(%+v) = %+v, want none", req, got)
+	for _, waiver := range []bool{false, true} {
+		if got := acceptECE(offer, waiver); got != agree {
+			t.Errorf("acceptECE(srpd offer, waiver %v) = %+v, want %+v", waiver, got, agree)
 		}
+		for _, req := range []cm.ECE{{}, {VendorID: 0x02c9, AttrMod: 1}, {VendorID: eceVendorSRPD},
+			{VendorID: eceVendorSRPD, AttrMod: eceNoICRCOffer}} {
+			if got := acceptECE(req, waiver); got != (cm.ECE{}) {
+				t.Errorf("acceptECE(%+v, waiver %v) = %+v, want none", req, waiver, got)
+			}
+		}
+	}
+}
+
+// The ICRC waiver is agreed only by a passive side whose link can waive it, and read only
+// from an srpd's ECE: a kernel passive side's echo of our offer is no agreement.
+func TestPeerWaivesICRCRule(t *testing.T) {
+	offer := cm.ECE{VendorID: eceVendorSRPD, AttrMod: eceOffer | eceNoICRCOffer}
+	agreeBoth := cm.ECE{VendorID: eceVendorSRPD, AttrMod: eceAgree | eceNoICRCAgree}
+	if got := acceptECE(offer, true); got != agreeBoth {
+		t.Errorf("acceptECE(offer with waiver, our link can) = %+v, want %+v", got, agreeBoth)
+	}
+	if got := acceptECE(offer, false); got.AttrMod != eceAgree {
+		t.Errorf("acceptECE(offer with waiver, our link cannot) = %+v, want GSO agreement only", got)
+	}
+	for _, tc := range []struct {
+		name   string
+		peer   cm.ECE
+		active bool
+		want   bool
+	}{
+		{"passive: srpd REQ offers", offer, false, true},
+		{"passive: srpd REQ without the waiver (KeepICRC, or a MemLink)", cm.ECE{VendorID: eceVendorSRPD, AttrMod: eceOffer}, false, false},
+		{"passive: kernel REQ (no ECE)", cm.ECE{}, false, false},
+		{"active: srpd REP agrees", agreeBoth, true, true},
+		{"active: srpd REP agrees to GSO only", cm.ECE{VendorID: eceVendorSRPD, AttrMod: eceAgree}, true, false},
+		{"active: kernel REP echoes our offer", offer, true, false},
+		{"active: other vendor's bit 3", cm.ECE{VendorID: 0x02c9, AttrMod: eceNoICRCAgree}, true, false},
+	} {
+		if got := peerWaivesICRC(tc.peer, tc.active); got != tc.want {
+			t.Errorf("%s: peerWaivesICRC(%+v, active %v) = %v, want %v", tc.name, tc.peer, tc.active, got, tc.want)
+		}
+	}
+}
+
+func noICRC(n *node) bool {
+	q := n.qp.(*qp)
+	n.dev.mu.Lock()
+	defer n.dev.mu.Unlock()
+	return q.noICRC && n.dev.icrcWaived(q.qpn)
+}
+
+// Two srpd devices on UDP links connected through the CM leave the ICRC out both ways: the
+// data of an RDMA WRITE and READ arrives intact, each link accepted the other's packets
+// unchecked, none was dropped. With KeepICRC on either side, or QPs brought up without the
+// CM, every packet carries and is checked for its ICRC. A QP's waiver ends with the QP.
+func TestECEWaivesICRC(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		keepA, keepB bool
+		viaCM        bool
+		want         bool
+	}{
+		{"cm", false, false, true, true},
+		{"cm, dialler keeps the ICRC", true, false, true, false},
+		{"cm, listener keeps the ICRC", false, true, true, false},
+		{"no cm", false, false, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			la, err := link.ListenUDP(ctx, netip.MustParseAddrPort("127.0.0.1:0"), link.UDPOptions{GSO: true, GRO: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			lb, err := link.ListenUDP(ctx, netip.MustParseAddrPort("127.0.0.2:0"), link.UDPOptions{GSO: true, GRO: true})
+			if err != nil {
+				la.Close()
+				t.Skipf("127.0.0.2: %v", err)
+			}
+			open := func(l *link.UDP, keep bool) *Device {
+				d, err := Open(Config{Link: l, Name: "t" + l.LocalAddr().String(), KeepICRC: keep})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			o := nodeOpts{memSize: 4 << 20}
+			a, b := newNodeOn(t, open(la, tc.keepA), o), newNodeOn(t, open(lb, tc.keepB), o)
+			defer a.close()
+			defer b.close()
+			if tc.viaCM {
+				p := &cmPair{a: a, b: b}
+				p.configure(t, fastCM)
+				a.dev.SetPeerUDPPort(b.addr.Addr(), b.addr.Port())
+				connectCM(t, p, []byte("req"), []byte("rep"))
+			} else {
+				connect(a, b, connOpts{})
+			}
+			if noICRC(a) != tc.want || noICRC(b) != tc.want {
+				t.Fatalf("ICRC waived: dialler %v, listener %v; want %v", noICRC(a), noICRC(b), tc.want)
+			}
+			const n = 1 << 20
+			fill(a.bytes(0, n), 1)
+			fill(b.bytes(0, n), 2)
+			if err := a.qp.PostSend([]transport.SendWR{
+				{ID: 1, Opcode: transport.WRRDMAWrite, Flags: transport.SendSignaled, SGL: []transport.SGE{a.sge(0, n)},
+					RemoteAddr: b.mem.Addr() + n, RKey: b.mr.RKey()},
+				{ID: 2, Opcode: transport.WRRDMARead, Flags: transport.SendSignaled, SGL: []transport.SGE{a.sge(n, n)},
+					RemoteAddr: b.mem.Addr(), RKey: b.mr.RKey()},
+			}); err != nil {
+				t.Fatal(err)
+			}
+			wantWC(t, waitWC(t, a.scq, 20*time.Second), 1, transport.WCSuccess, transport.WCRDMAWrite)
+			wantWC(t, waitWC(t, a.scq, 20*time.Second), 2, transport.WCSuccess, transport.WCRDMARead)
+			if !bytes.Equal(b.bytes(n, n), a.bytes(0, n)) || !bytes.Equal(a.bytes(n, n), b.bytes(0, n)) {
+				t.Fatal("data differs after RDMA WRITE/READ")
+			}
+			sa, sb := la.Stats(), lb.Stats()
+			t.Logf("waived: a %d of %d received, b %d of %d", sa.RxICRCWaived, sa.RxPackets, sb.RxICRCWaived, sb.RxPackets)
+			if d := sa.RxICRCDrops + sb.RxICRCDrops + sa.RxMalformedDrops + sb.RxMalformedDrops; d != 0 {
+				t.Fatalf("%d packets dropped as corrupt or malformed", d)
+			}
+			// The RDMA WRITE's 256 packets go to b, the READ's responses to a (MTU 4096).
+			if tc.want && (sa.RxICRCWaived < 256 || sb.RxICRCWaived < 256) {
+				t.Fatalf("packets accepted without ICRC: a %d, b %d; want ≥ 256 each", sa.RxICRCWaived, sb.RxICRCWaived)
+			}
+			if !tc.want && (sa.RxICRCWaived != 0 || sb.RxICRCWaived != 0) {
+				t.Fatalf("not negotiated, yet packets accepted without ICRC: a %d, b %d", sa.RxICRCWaived, sb.RxICRCWaived)
+			}
+			if tc.want {
+				qpn := b.qp.QPN()
+				if err := b.qp.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if b.dev.icrcWaived(qpn) {
+					t.Fatal("a closed QP's number is still waived")
+				}
+			}
+		})
 	}
 }
 
@@ -67,6 +198,10 @@ func TestECENegotiatedSegmentable(t *testing.T) {
 	connectCM(t, p, []byte("req"), []byte("rep"))
 	if !segmentable(p.a) || !segmentable(p.b) {
 		t.Fatalf("after CM: dialler segmentable %v, listener %v; want both", segmentable(p.a), segmentable(p.b))
+	}
+	// A MemLink cannot waive the ICRC (its faults corrupt what only the ICRC catches).
+	if noICRC(p.a) || noICRC(p.b) {
+		t.Fatalf("after CM over pipes: ICRC waived by dialler %v, listener %v; want neither", noICRC(p.a), noICRC(p.b))
 	}
 	a, b, _, _ := newPipePair(t, pipeDefault(), nodeOpts{})
 	defer a.close()

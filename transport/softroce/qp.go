@@ -95,6 +95,10 @@ type qp struct {
 	// segments the kernel numbers itself (link.Packet.Segmentable). Negotiated through CM ECE
 	// (cmapi.go eceSRPD); set with the RTR transition, cleared by reset.
 	segmentable bool
+	// noICRC: the peer is an srpd that waives the ICRC (CM ECE, cmapi.go): our packets to it
+	// leave without one (link.Packet.NoICRC) and its packets to us are accepted without one
+	// (Device.waived). Set with the RTR transition, cleared by reset.
+	noICRC bool
 
 	sq                     []sendWQE
 	sqMask                 uint32
@@ -224,6 +228,7 @@ func (p *pd) CreateQP(ia transport.QPInitAttr) (transport.QP, error) {
 func (q *qp) reset() {
 	q.state = transport.QPSReset
 	q.segmentable = false
+	q.setNoICRC(false)
 	q.sqHead, q.sqReq, q.sqTail = 0, 0, 0
 	q.rqHead, q.rqTail = 0, 0
 	for i := range q.sq {
@@ -704,7 +709,7 @@ func (q *qp) newPacket(buf []byte, op wire.Opcode, n int, psn wire.PSN, ackReq b
 }
 
 func (q *qp) linkPacket(p wire.Packet) link.Packet {
-	return link.Packet{Src: q.src, Dst: q.dst, TrafficClass: q.av.TrafficClass, Buf: p.Bytes(), Segmentable: q.segmentable}
+	return link.Packet{Src: q.src, Dst: q.dst, TrafficClass: q.av.TrafficClass, Buf: p.Bytes(), Segmentable: q.segmentable, NoICRC: q.noICRC}
 }
 
 // work is the transmit loop's service of q: pending control packet (behind read responses),
@@ -742,5 +747,18 @@ func (q *qp) checkTimers(now time.Time) {
 	if !q.retransAt.IsZero() && !now.Before(q.retransAt) {
 		q.retransAt = time.Time{}
 		q.retransTimerExpired(now)
+	}
+}
+
+// setNoICRC records whether q's packets travel without ICRC both ways (dev.mu held).
+func (q *qp) setNoICRC(on bool) {
+	if on == q.noICRC {
+		return
+	}
+	q.noICRC = on
+	if on {
+		q.dev.waived.Store(q.qpn, struct{}{})
+	} else {
+		q.dev.waived.Delete(q.qpn)
 	}
 }

@@ -339,6 +339,7 @@ func (c *cmState) process(out *cm.Outputs, now time.Duration, rx netip.AddrPort)
 			err = q.modifyLocked(&attr, u.Mask)
 			if err == nil && u.Mask&transport.AttrState != 0 && attr.State == transport.QPSRTR && rec != nil {
 				q.segmentable = peerSegmentable(u.PeerECE, rec.active)
+				q.setNoICRC(d.waiver && peerWaivesICRC(u.PeerECE, rec.active))
 			}
 		}
 		if err == nil {

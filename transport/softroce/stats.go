@@ -37,6 +37,9 @@ type Stats struct {
 	// BusyPolls, BusyPollHits and BusyPollSkips are the link's receive busy polling
 	// (link.Stats RxBusyPolls, RxBusyPollHits, RxBusyPollSkips).
 	BusyPolls, BusyPollHits, BusyPollSkips uint64
+	// ICRCWaived counts the packets accepted without an ICRC check: from srpd peers that
+	// negotiated the waiver (Config.KeepICRC; link.Stats RxICRCWaived).
+	ICRCWaived uint64
 }
 
 type counters struct {

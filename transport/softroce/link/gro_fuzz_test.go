@@ -28,7 +28,11 @@ const (
 	groFlagWild       = 1 << 2 // the link is bound to 0.0.0.0 (the destination must come from IP_PKTINFO)
 	groFlagControllen = 1 << 3 // msg_controllen beyond the control buffer (never from a kernel)
 	groFlagLen        = 1 << 4 // msg_len beyond the receive buffer (never from a kernel)
+	groFlagWaive      = 1 << 5 // the link waives the ICRC for odd destination QPs (ICRCWaiver)
 )
+
+// groWaiveOdd is the fuzzed link's ICRC waiver (groFlagWaive).
+func groWaiveOdd(qpn uint32) bool { return qpn&1 != 0 }
 
 // rxOnlyUDP is a GRO UDP link without a socket, for feeding its receive state directly.
 func rxOnlyUDP(local netip.AddrPort) *UDP {
@@ -127,6 +131,7 @@ func FuzzGROSplit(f *testing.F) {
 	f.Add(four, uint16(seg), pktinfo[:len(pktinfo)-3], []byte{}, uint8(groFlagWild))
 	f.Add(four, uint16(seg), append(groCmsg(7), 0xff, 0xff), []byte{}, uint8(0))
 	f.Add(four, uint16(seg), []byte{}, []byte{10, 0, 1, 2, 3, 4, 5, 6}, uint8(0)) // AF_INET6 of junk
+	f.Add(groZeroICRC(four, seg), uint16(seg), []byte{}, []byte{}, uint8(groFlagWaive))
 	f.Fuzz(func(t *testing.T, data []byte, segArg uint16, rawCtrl, name []byte, flags uint8) {
 		fuzzbound.Run(t, func() {
 			local := groLocal
@@ -201,6 +206,9 @@ func FuzzGROSplit(f *testing.F) {
 			for _, views := range []bool{false, true} {
 				u = rxOnlyUDP(local)
 				u.load(data, name, ctrl, flags)
+				if flags&groFlagWaive != 0 {
+					u.WaiveICRC(groWaiveOdd)
+				}
 				pkts := make([]Packet, 3)
 				own := make([][]byte, len(pkts))
 				for i := range pkts {
@@ -239,6 +247,15 @@ func FuzzGROSplit(f *testing.F) {
 						if _, err := wire.Parse(p.Buf); err != nil {
 							t.Errorf("returned packet does not parse: %v", err)
 							return
+						}
+						// Unchecked only where waived: a zero ICRC field to an odd QP.
+						waived := flags&groFlagWaive != 0 && binary.BigEndian.Uint32(p.Buf[len(p.Buf)-4:]) == 0 &&
+							groWaiveOdd(wire.BTH(p.Buf).DestQP())
+						if e := (wire.Encap{Src: p.Src, Dst: p.Dst}); !waived {
+							if _, ok := e.RecoverIPv4ID(p.Buf); !ok {
+								t.Errorf("returned a packet whose ICRC fails, not waived")
+								return
+							}
 						}
 					}
 				}
@@ -295,4 +312,16 @@ func TestGROSplitSeeds(t *testing.T) {
 			})
 		}
 	}
+}
+
+// groZeroICRC is a copy of a seed buffer of seg-byte packets with every ICRC field zeroed and
+// the destination QPs made odd and even in turn (groFlagWaive accepts the odd ones).
+func groZeroICRC(data []byte, seg int) []byte {
+	out := append([]byte(nil), data...)
+	for i, off := 0, 0; off+seg <= len(out); i, off = i+1, off+seg {
+		p := out[off : off+seg]
+		clear(p[len(p)-4:])
+		wire.BTH(p).SetDestQP(0x10 | uint32(i&1))
+	}
+	return out
 }

@@ -15,6 +15,7 @@
 package link
 
 import (
+	"encoding/binary"
 	"errors"
 	"net/netip"
 	"sync/atomic"
@@ -58,6 +59,22 @@ type Packet struct {
 	// super-packet whose segments the kernel numbers. Without it GSO is used only towards
 	// loopback addresses. Ignored on Recv.
 	Segmentable bool
+	// NoICRC (Send): the receiver waives the ICRC for this packet's destination QP (an srpd
+	// peer that negotiated it, ICRCWaiver), so the link leaves the field zero instead of
+	// computing it. Only a link whose datagrams carry their own checksum may be asked (UDP: the
+	// kernel's UDP checksum covers the same bytes end to end). Ignored on Recv.
+	NoICRC bool
+}
+
+// ICRCWaiver is implemented by links that can accept packets without an ICRC: those whose
+// datagrams are covered by a checksum of their own (UDP; not MemLink, whose fault injection
+// corrupts bytes that only the ICRC then catches). Once WaiveICRC(f) is called, a received
+// packet whose ICRC field is zero is accepted unchecked when f(its BTH destination QP) is true
+// — the receiving QP negotiated it with its srpd peer; every other packet is checked as
+// before (a zero field that is no waiver is an ICRC like any other). f is called from Recv
+// and must be safe for concurrent use; nil removes it.
+type ICRCWaiver interface {
+	WaiveICRC(f func(destQPN uint32) bool)
 }
 
 // Link is a RoCEv2 datagram endpoint. All methods are safe for concurrent use; Send and Recv
@@ -115,6 +132,7 @@ type Stats struct {
 	RxBusyPolls        uint64 // receives that found the socket empty and spun (UDPOptions.BusyPoll)
 	RxBusyPollHits     uint64 // of those, the ones that found data before the spin ended
 	RxBusyPollSkips    uint64 // empty receives that did not spin: they followed a run of packets (a pipelining peer)
+	RxICRCWaived       uint64 // accepted without an ICRC check: the receiving QP waived it (ICRCWaiver)
 }
 
 // Errors returned by Send.
@@ -134,6 +152,9 @@ type counters struct {
 	rxICRC, rxMalformed, rxQueue, txErrors atomic.Uint64
 	txGSO, rxGRO                           atomic.Uint64
 	rxSpins, rxSpinHits, rxSpinSkips       atomic.Uint64
+	rxWaived                               atomic.Uint64
+	// waive is ICRCWaiver's predicate (nil: none).
+	waive atomic.Pointer[func(destQPN uint32) bool]
 }
 
 func (c *counters) snapshot() Stats {
@@ -144,6 +165,7 @@ func (c *counters) snapshot() Stats {
 		RxQueueDrops: c.rxQueue.Load(), TxErrors: c.txErrors.Load(),
 		TxGSOMessages: c.txGSO.Load(), RxGROMessages: c.rxGRO.Load(),
 		RxBusyPolls: c.rxSpins.Load(), RxBusyPollHits: c.rxSpinHits.Load(), RxBusyPollSkips: c.rxSpinSkips.Load(),
+		RxICRCWaived: c.rxWaived.Load(),
 	}
 }
 
@@ -160,7 +182,9 @@ func (c *counters) checkRx(e *wire.Encap, buf []byte) bool {
 		c.rxMalformed.Add(1)
 		return false
 	}
-	if e.Is4() {
+	if c.waived(buf) {
+		e.IPv4ID = 0
+	} else if e.Is4() {
 		id, ok := e.RecoverIPv4ID(buf)
 		if !ok {
 			c.rxICRC.Add(1)
@@ -176,6 +200,29 @@ func (c *counters) checkRx(e *wire.Encap, buf []byte) bool {
 		return false
 	}
 	return true
+}
+
+// waived reports whether buf (at least MinPacket bytes) comes without an ICRC to a QP that
+// waived it (ICRCWaiver), counting it.
+func (c *counters) waived(buf []byte) bool {
+	f := c.waive.Load()
+	if f == nil || binary.BigEndian.Uint32(buf[len(buf)-4:]) != 0 {
+		return false
+	}
+	// BTH bytes 5-7: destination QP (IBA 9.2; wire.BTH).
+	if !(*f)(uint32(buf[5])<<16 | uint32(buf[6])<<8 | uint32(buf[7])) {
+		return false
+	}
+	c.rxWaived.Add(1)
+	return true
+}
+
+func (c *counters) setWaiver(f func(destQPN uint32) bool) {
+	if f == nil {
+		c.waive.Store(nil)
+		return
+	}
+	c.waive.Store(&f)
 }
 
 // recvInto checks the buffers of a Recv against the contract both links keep: every one can

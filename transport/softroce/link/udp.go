@@ -257,6 +257,11 @@ func (u *UDP) GSO() bool {
 // Stats returns a snapshot of the counters.
 func (u *UDP) Stats() Stats { return u.ctr.snapshot() }
 
+// WaiveICRC implements ICRCWaiver: the UDP checksum, which the sending kernel computes (or its
+// NIC) and the receiving one verifies (or its NIC), covers every byte the ICRC covers but the
+// masked IP and BTH fields, and a loopback or veth datagram never leaves memory.
+func (u *UDP) WaiveICRC(f func(destQPN uint32) bool) { u.ctr.setWaiver(f) }
+
 // Close closes the socket; blocked Send/Recv calls return net.ErrClosed.
 func (u *UDP) Close() error {
 	if u.closed.Swap(true) {
@@ -380,8 +385,12 @@ func (u *UDP) prepareSend(pkts []Packet) (int, error) {
 			err = ErrAddress
 			break
 		}
-		e := wire.Encap{Src: netip.AddrPortFrom(src, u.local.Port()), Dst: netip.AddrPortFrom(dst, p.Dst.Port())}
-		e.PutICRC(p.Buf)
+		if p.NoICRC {
+			clear(p.Buf[len(p.Buf)-4:])
+		} else {
+			e := wire.Encap{Src: netip.AddrPortFrom(src, u.local.Port()), Dst: netip.AddrPortFrom(dst, p.Dst.Port())}
+			e.PutICRC(p.Buf)
+		}
 
 		if open {
 			fp := &pkts[first]

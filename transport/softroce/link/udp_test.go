@@ -3,9 +3,11 @@
 package link
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -580,5 +582,77 @@ func TestUDPCloseReleasesSocket(t *testing.T) {
 	var oe *net.OpError
 	if !errors.Is(err, unix.EADDRINUSE) || !errors.As(err, &oe) || oe.Op != "listen" {
 		t.Fatalf("bind to a port in use: %v (%T)", err, err)
+	}
+}
+
+// TestUDPWaiveICRC: a NoICRC packet leaves with a zero ICRC field (also inside a GSO
+// super-packet); the receiving link accepts a zero field unchecked only for a destination QP
+// its predicate waives, and checks everything else as before: a zero field to another QP and
+// a wrong ICRC to a waived QP are ICRC drops, a correct ICRC to a waived QP is accepted without
+// counting as waived.
+func TestUDPWaiveICRC(t *testing.T) {
+	for _, gso := range []bool{false, true} {
+		t.Run(fmt.Sprintf("gso=%v", gso), func(t *testing.T) {
+			opts := UDPOptions{GSO: gso, GRO: gso}
+			a, b := listen(t, lo4, opts), listen(t, lo4, opts)
+			b.WaiveICRC(func(qpn uint32) bool { return qpn == 0x11 })
+			dst := b.LocalAddrPort()
+			var pkts []Packet
+			for i := range 4 {
+				p := mkSend(t, dst, uint32(i), 256)
+				p.NoICRC = true
+				pkts = append(pkts, p)
+			}
+			if n, err := a.Send(pkts); n != len(pkts) || err != nil {
+				t.Fatal(n, err)
+			}
+			got := recvN(t, b, len(pkts), 5*time.Second)
+			for i, p := range got {
+				if icrc := p.Buf[len(p.Buf)-4:]; !bytes.Equal(icrc, []byte{0, 0, 0, 0}) {
+					t.Fatalf("packet %d: ICRC field % x, want zero", i, icrc)
+				}
+				if !bytes.Equal(p.Buf[:len(p.Buf)-4], pkts[i].Buf[:len(pkts[i].Buf)-4]) {
+					t.Fatalf("packet %d differs", i)
+				}
+			}
+			if st := b.Stats(); st.RxICRCWaived != 4 || st.RxICRCDrops != 0 {
+				t.Fatalf("after 4 waived packets: %+v", st)
+			}
+
+			// A zero ICRC to a QP that did not waive it.
+			other := mkSend(t, dst, 9, 256)
+			other.NoICRC = true
+			wire.BTH(other.Buf).SetDestQP(0x12)
+			// A wrong ICRC to the waived QP (the sender computes it, then a bit flips).
+			wrong := mkSend(t, dst, 10, 256)
+			// A correct ICRC to the waived QP.
+			good := mkSend(t, dst, 11, 256)
+			if n, err := a.Send([]Packet{other}); n != 1 || err != nil {
+				t.Fatal(n, err)
+			}
+			raw, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			e := wire.Encap{Src: netip.AddrPortFrom(lo4, uint16(raw.LocalAddr().(*net.UDPAddr).Port)), Dst: dst}
+			e.PutICRC(wrong.Buf)
+			wrong.Buf[len(wrong.Buf)-1] ^= 1
+			if _, err := raw.Write(wrong.Buf); err != nil {
+				t.Fatal(err)
+			}
+			// Last: once it is received, the two before it have been looked at (loopback
+			// delivers each datagram within its send).
+			if n, err := a.Send([]Packet{good}); n != 1 || err != nil {
+				t.Fatal(n, err)
+			}
+			got = recvN(t, b, 1, 5*time.Second)
+			if psn := wire.BTH(got[0].Buf).PSN(); psn != 11 {
+				t.Fatalf("accepted PSN %d, want only 11 (the correct ICRC)", psn)
+			}
+			if st := b.Stats(); st.RxICRCWaived != 4 || st.RxICRCDrops != 2 {
+				t.Fatalf("want 4 waived, 2 ICRC drops (zero field to QP 0x12, wrong ICRC to QP 0x11): %+v", st)
+			}
+		})
 	}
 }

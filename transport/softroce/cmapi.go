@@ -531,23 +531,23 @@ func acceptECE(req cm.ECE, waiver bool) cm.ECE {
 // which we made only if our link can; as the passive side, the offer (which our REP agreed to
 // only if our link can: the caller checks that with Device.waiver).
 func peerWaivesICRC(peer cm.ECE, active bool) bool {
-	if peer.VendorID != eceVendorSRPD {
-		return false
-	}
-	if active {
-		return peer.AttrMod&eceNoICRCAgree != 0
-	}
-	return peer.AttrMod&eceNoICRCOffer != 0
+	return peerSays(peer, active, eceNoICRCOffer, eceNoICRCAgree)
 }
 
 // peerSegmentable reports whether the peer's ECE (its REQ's when we are passive, its REP's
 // when active) says it accepts any IPv4 Identification.
 func peerSegmentable(peer cm.ECE, active bool) bool {
+	return peerSays(peer, active, eceOffer, eceAgree)
+}
+
+// peerSays reports whether an srpd peer's ECE carries the offer bit (its REQ, we are passive)
+// or the agreement bit (its REP, we are active).
+func peerSays(peer cm.ECE, active bool, offer, agree uint32) bool {
 	if peer.VendorID != eceVendorSRPD {
 		return false
 	}
 	if active {
-		return peer.AttrMod&eceAgree != 0
+		return peer.AttrMod&agree != 0
 	}
-	return peer.AttrMod&eceOffer != 0
+	return peer.AttrMod&offer != 0
 }

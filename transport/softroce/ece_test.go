@@ -21,15 +21,19 @@ import (
 
 // GSO towards srpd peers, negotiated through CM ECE (cmapi.go eceVendorSRPD).
 
+// eceRule is a case of a rule reading the peer's ECE: as the passive side (its REQ's) or the
+// active one (its REP's).
+type eceRule struct {
+	name   string
+	peer   cm.ECE
+	active bool
+	want   bool
+}
+
 func TestPeerSegmentableRule(t *testing.T) {
 	offer := cm.ECE{VendorID: eceVendorSRPD, AttrMod: eceOffer}
 	agree := cm.ECE{VendorID: eceVendorSRPD, AttrMod: eceAgree}
-	for _, tc := range []struct {
-		name   string
-		peer   cm.ECE
-		active bool
-		want   bool
-	}{
+	for _, tc := range []eceRule{
 		{"passive: srpd REQ offers", offer, false, true},
 		{"passive: kernel ULP REQ (no ECE)", cm.ECE{}, false, false},
 		{"passive: other vendor's bit 0", cm.ECE{VendorID: 0x02c9, AttrMod: eceOffer}, false, false},
@@ -67,12 +71,7 @@ func TestPeerWaivesICRCRule(t *testing.T) {
 	if got := acceptECE(offer, false); got.AttrMod != eceAgree {
 		t.Errorf("acceptECE(offer with waiver, our link cannot) = %+v, want GSO agreement only", got)
 	}
-	for _, tc := range []struct {
-		name   string
-		peer   cm.ECE
-		active bool
-		want   bool
-	}{
+	for _, tc := range []eceRule{
 		{"passive: srpd REQ offers", offer, false, true},
 		{"passive: srpd REQ without the waiver (KeepICRC, or a MemLink)", cm.ECE{VendorID: eceVendorSRPD, AttrMod: eceOffer}, false, false},
 		{"passive: kernel REQ (no ECE)", cm.ECE{}, false, false},
@@ -143,22 +142,7 @@ func TestECEWaivesICRC(t *testing.T) {
 			if noICRC(a) != tc.want || noICRC(b) != tc.want {
 				t.Fatalf("ICRC waived: dialler %v, listener %v; want %v", noICRC(a), noICRC(b), tc.want)
 			}
-			const n = 1 << 20
-			fill(a.bytes(0, n), 1)
-			fill(b.bytes(0, n), 2)
-			if err := a.qp.PostSend([]transport.SendWR{
-				{ID: 1, Opcode: transport.WRRDMAWrite, Flags: transport.SendSignaled, SGL: []transport.SGE{a.sge(0, n)},
-					RemoteAddr: b.mem.Addr() + n, RKey: b.mr.RKey()},
-				{ID: 2, Opcode: transport.WRRDMARead, Flags: transport.SendSignaled, SGL: []transport.SGE{a.sge(n, n)},
-					RemoteAddr: b.mem.Addr(), RKey: b.mr.RKey()},
-			}); err != nil {
-				t.Fatal(err)
-			}
-			wantWC(t, waitWC(t, a.scq, 20*time.Second), 1, transport.WCSuccess, transport.WCRDMAWrite)
-			wantWC(t, waitWC(t, a.scq, 20*time.Second), 2, transport.WCSuccess, transport.WCRDMARead)
-			if !bytes.Equal(b.bytes(n, n), a.bytes(0, n)) || !bytes.Equal(a.bytes(n, n), b.bytes(0, n)) {
-				t.Fatal("data differs after RDMA WRITE/READ")
-			}
+			writeReadMiB(t, a, b)
 			sa, sb := la.Stats(), lb.Stats()
 			t.Logf("waived: a %d of %d received, b %d of %d", sa.RxICRCWaived, sa.RxPackets, sb.RxICRCWaived, sb.RxPackets)
 			if d := sa.RxICRCDrops + sb.RxICRCDrops + sa.RxMalformedDrops + sb.RxMalformedDrops; d != 0 {
@@ -330,23 +314,7 @@ func TestSegmentableGSOOverVeth(t *testing.T) {
 			if got := a.qp.Query().PathMTU; got != transport.MTU1024 {
 				t.Fatalf("path MTU %v over a 1500-byte veth, want 1024", got)
 			}
-			const n = 1 << 20
-			fill(a.bytes(0, n), 1)
-			fill(b.bytes(0, n), 2)
-			// a writes its first MiB into b's second; a reads b's first MiB into its second.
-			if err := a.qp.PostSend([]transport.SendWR{
-				{ID: 1, Opcode: transport.WRRDMAWrite, Flags: transport.SendSignaled, SGL: []transport.SGE{a.sge(0, n)},
-					RemoteAddr: b.mem.Addr() + n, RKey: b.mr.RKey()},
-				{ID: 2, Opcode: transport.WRRDMARead, Flags: transport.SendSignaled, SGL: []transport.SGE{a.sge(n, n)},
-					RemoteAddr: b.mem.Addr(), RKey: b.mr.RKey()},
-			}); err != nil {
-				t.Fatal(err)
-			}
-			wantWC(t, waitWC(t, a.scq, 20*time.Second), 1, transport.WCSuccess, transport.WCRDMAWrite)
-			wantWC(t, waitWC(t, a.scq, 20*time.Second), 2, transport.WCSuccess, transport.WCRDMARead)
-			if !bytes.Equal(b.bytes(n, n), a.bytes(0, n)) || !bytes.Equal(a.bytes(n, n), b.bytes(0, n)) {
-				t.Fatal("data differs after RDMA WRITE/READ")
-			}
+			writeReadMiB(t, a, b)
 			sa, sb := la.Stats(), lb.Stats()
 			t.Logf("a: %d packets in %d GSO messages sent; b: %d packets in %d GSO messages, %d GRO messages received by a",
 				sa.TxPackets, sa.TxGSOMessages, sb.TxPackets, sb.TxGSOMessages, sa.RxGROMessages)
@@ -360,5 +328,27 @@ func TestSegmentableGSOOverVeth(t *testing.T) {
 				t.Fatalf("%d packets dropped as corrupt or malformed", d)
 			}
 		})
+	}
+}
+
+// writeReadMiB has a write its first MiB into b's second and read b's first MiB into its
+// second (4 MiB nodes), and checks both copies.
+func writeReadMiB(t *testing.T, a, b *node) {
+	t.Helper()
+	const n = 1 << 20
+	fill(a.bytes(0, n), 1)
+	fill(b.bytes(0, n), 2)
+	if err := a.qp.PostSend([]transport.SendWR{
+		{ID: 1, Opcode: transport.WRRDMAWrite, Flags: transport.SendSignaled, SGL: []transport.SGE{a.sge(0, n)},
+			RemoteAddr: b.mem.Addr() + n, RKey: b.mr.RKey()},
+		{ID: 2, Opcode: transport.WRRDMARead, Flags: transport.SendSignaled, SGL: []transport.SGE{a.sge(n, n)},
+			RemoteAddr: b.mem.Addr(), RKey: b.mr.RKey()},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	wantWC(t, waitWC(t, a.scq, 20*time.Second), 1, transport.WCSuccess, transport.WCRDMAWrite)
+	wantWC(t, waitWC(t, a.scq, 20*time.Second), 2, transport.WCSuccess, transport.WCRDMARead)
+	if !bytes.Equal(b.bytes(n, n), a.bytes(0, n)) || !bytes.Equal(a.bytes(n, n), b.bytes(0, n)) {
+		t.Fatal("data differs after RDMA WRITE/READ")
 	}
 }

@@ -209,8 +209,7 @@ func (c *counters) waived(buf []byte) bool {
 	if f == nil || binary.BigEndian.Uint32(buf[len(buf)-4:]) != 0 {
 		return false
 	}
-	// BTH bytes 5-7: destination QP (IBA 9.2; wire.BTH).
-	if !(*f)(uint32(buf[5])<<16 | uint32(buf[6])<<8 | uint32(buf[7])) {
+	if !(*f)(wire.BTH(buf).DestQP()) {
 		return false
 	}
 	c.rxWaived.Add(1)

@@ -136,6 +136,7 @@ type channel struct {
 	ctrlChain  frpool.Chain
 	invBatch   []*frpool.Reg
 	invWork    []*request
+	invGens    []uint32 // invWork's generations (afterBatch)
 	invChain   frpool.Chain
 
 	// Each with its own lock: what a target can send as fast as it likes is logged at most
@@ -234,6 +235,7 @@ func newChannel(s *Session, idx int) (*channel, error) {
 	c.invQ = make([]*request, 0, qd)
 	c.invBatch = make([]*frpool.Reg, 0, qd*c.maxRegs)
 	c.invWork = make([]*request, 0, qd)
+	c.invGens = make([]uint32, 0, qd)
 	c.ctrlWR[0].SGL = c.ctrlSGE[:]
 	c.ctrlChain.WRs = c.ctrlWR[:]
 	return c, nil

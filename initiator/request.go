@@ -321,7 +321,12 @@ func (c *channel) afterBatch() (directWait bool) {
 	reqs := append(c.invWork[:0], c.invQ...)
 	c.invQ = c.invQ[:0]
 	live := c.invBatch[:0]
+	// A request whose last handle goes back below may be finished by its other completion
+	// and started again (beginLocked) while this loop still walks it: the generation taken
+	// here tells the loop to stop touching it then, not to give back the new command's handles.
+	gens := c.invGens[:0]
 	for _, r := range reqs {
+		gens = append(gens, r.gen)
 		r.invQueued = false
 		for i := 0; i < r.nregs; i++ {
 			if !r.given[i] && !r.rel[i] {
@@ -337,11 +342,15 @@ func (c *channel) afterBatch() (directWait bool) {
 		batchOK = c.pool.Post(&c.invChain) == nil
 		c.invChain.Inv = nil
 	}
-	for _, r := range reqs {
+	for k, r := range reqs {
 		retry := false
-		for i := 0; i < r.nregs; i++ {
+		for i := 0; ; i++ {
 			c.mu.Lock()
-			given, rel := r.given[i], r.rel[i]
+			if r.gen != gens[k] || i >= r.nregs {
+				c.mu.Unlock()
+				break
+			}
+			given, rel, reg := r.given[i], r.rel[i], r.regs[i]
 			c.mu.Unlock()
 			if given {
 				continue
@@ -350,7 +359,7 @@ func (c *channel) afterBatch() (directWait bool) {
 				// Already dead (only gives the handle back), or the batch was refused: one by
 				// one. A QP error or a quarantine gives the handle back too (the pool releases
 				// the buffer itself); a full send queue is retried after the next completions.
-				if err := c.pool.Invalidate(r.regs[i]); errors.Is(err, frpool.ErrSQFull) {
+				if err := c.pool.Invalidate(reg); errors.Is(err, frpool.ErrSQFull) {
 					retry = true
 					continue
 				}
@@ -361,12 +370,15 @@ func (c *channel) afterBatch() (directWait bool) {
 			c.mu.Unlock()
 		}
 		c.mu.Lock()
-		if retry {
-			c.queueInvLocked(r)
+		if r.gen == gens[k] {
+			if retry {
+				c.queueInvLocked(r)
+			}
+			c.finishLocked(r)
 		}
-		c.finishLocked(r)
 		c.mu.Unlock()
 	}
+	c.invGens = gens[:0]
 	return directWait && batchOK
 }
 

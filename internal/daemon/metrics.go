@@ -201,6 +201,7 @@ func (d *Daemon) collect(e *emitter) {
 		e.counter("srpd_softroce_duplicates_total", "Duplicate requests.", s.Duplicates, l...)
 		e.counter("srpd_softroce_icrc_drops_total", "Packets dropped for a bad ICRC.", s.ICRCDrops, l...)
 		e.counter("srpd_softroce_icrc_waived_total", "Packets from srpd peers accepted without an ICRC (negotiated; keep_icrc turns it off).", s.ICRCWaived, l...)
+		e.counter("srpd_softroce_payload_refs_total", "Packets to srpd peers sent with their payload read by the kernel straight from registered memory (no copy into a packet buffer).", s.TxRefPackets, l...)
 		e.counter("srpd_softroce_link_drops_total", "Packets dropped by the link (malformed, queue overflow).", s.LinkDrops, l...)
 		e.counter("srpd_softroce_engine_drops_total", "Packets dropped by the engine (no QP, wrong state, bad header).", s.Dropped, l...)
 		e.counter("srpd_softroce_cq_overruns_total", "Completion queue overruns.", s.CQOverruns, l...)

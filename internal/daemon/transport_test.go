@@ -109,7 +109,7 @@ func TestVerbsTransportInDaemon(t *testing.T) {
 			t.Errorf("a softroce counter for the verbs transport: %s", line)
 		}
 	}
-	for _, m := range []string{"tx_packets", "busy_polls", "busy_poll_hits", "busy_poll_skips", "held_packets", "held_sends"} {
+	for _, m := range []string{"tx_packets", "busy_polls", "busy_poll_hits", "busy_poll_skips", "held_packets", "held_sends", "payload_refs"} {
 		if !strings.Contains(body, "srpd_softroce_"+m+`_total{transport="lo"}`) {
 			t.Errorf("no srpd_softroce_%s_total for transport lo", m)
 		}

@@ -163,9 +163,17 @@ type Device struct {
 	// held are the packets of posts made inside BeginPosts/EndPosts brackets (postbatch.go).
 	held     heldPosts
 	deadline time.Time
-	kick     chan struct{}
-	done     chan struct{}
-	wg       sync.WaitGroup
+	// Payloads by reference on the link (linkref.go): refOut counts the packets built with a
+	// Payload that have not been through sendFrom yet; dead holds the memory freed while some
+	// were out (mu; deadN its length, for sendFrom); sendsDone is set once Close has stopped
+	// every sender (mu).
+	refOut    atomic.Int64
+	dead      [][]byte
+	deadN     atomic.Int32
+	sendsDone bool
+	kick      chan struct{}
+	done      chan struct{}
+	wg        sync.WaitGroup
 
 	stats counters
 }
@@ -409,6 +417,10 @@ drain:
 	d.sendMu.Unlock() //nolint:staticcheck // a barrier
 	err := d.lnk.Close()
 	d.wg.Wait()
+	d.mu.Lock()
+	d.sendsDone = true
+	d.reapDead()
+	d.mu.Unlock()
 	if drainErr != nil {
 		return fmt.Errorf("close %s: drain: %w", d.name, drainErr)
 	}
@@ -475,14 +487,25 @@ func (d *Device) sendFrom(pkts []link.Packet, pool [][]byte) {
 	if d.loop.on {
 		pkts = d.loopSend(pkts, pool)
 	}
+	if refs := d.countRefs(pkts); refs > 0 {
+		defer d.sentRefs(refs)
+	}
 	for len(pkts) > 0 {
 		n, err := d.lnk.Send(pkts)
-		var bytes uint64
+		var bytes, refs, refBytes uint64
 		for i := 0; i < n; i++ {
-			bytes += uint64(len(pkts[i].Buf))
+			bytes += uint64(pkts[i].Len())
+			if k := len(pkts[i].Payload); k > 0 {
+				refs++
+				refBytes += uint64(k)
+			}
 		}
 		d.stats.txPackets.Add(uint64(n))
 		d.stats.txBytes.Add(bytes)
+		if refs > 0 {
+			d.stats.txRefPackets.Add(refs)
+			d.stats.txRefBytes.Add(refBytes)
+		}
 		if err == nil {
 			return
 		}
@@ -808,6 +831,9 @@ func (d *Device) txLoop() {
 				return
 			}
 			continue
+		}
+		if d.deadN.Load() > 0 {
+			d.reapDead()
 		}
 		pkts = d.transmit(pkts[:0], bufs, now)
 		pkts = d.cmTx(pkts)

@@ -110,40 +110,24 @@ func TestECEWaivesICRC(t *testing.T) {
 		{"no cm", false, false, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := context.Background()
-			la, err := link.ListenUDP(ctx, netip.MustParseAddrPort("127.0.0.1:0"), link.UDPOptions{GSO: true, GRO: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			lb, err := link.ListenUDP(ctx, netip.MustParseAddrPort("127.0.0.2:0"), link.UDPOptions{GSO: true, GRO: true})
-			if err != nil {
-				la.Close()
-				t.Skipf("127.0.0.2: %v", err)
-			}
-			open := func(l *link.UDP, keep bool) *Device {
-				d, err := Open(Config{Link: l, Name: "t" + l.LocalAddr().String(), KeepICRC: keep})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return d
-			}
-			o := nodeOpts{memSize: 4 << 20}
-			a, b := newNodeOn(t, open(la, tc.keepA), o), newNodeOn(t, open(lb, tc.keepB), o)
+			a, b, la, lb := udpPair(t, tc.keepA, tc.keepB, tc.viaCM)
 			defer a.close()
 			defer b.close()
-			if tc.viaCM {
-				p := &cmPair{a: a, b: b}
-				p.configure(t, fastCM)
-				a.dev.SetPeerUDPPort(b.addr.Addr(), b.addr.Port())
-				connectCM(t, p, []byte("req"), []byte("rep"))
-			} else {
-				connect(a, b, connOpts{})
-			}
 			if noICRC(a) != tc.want || noICRC(b) != tc.want {
 				t.Fatalf("ICRC waived: dialler %v, listener %v; want %v", noICRC(a), noICRC(b), tc.want)
 			}
+			before := a.dev.Stats()
 			writeReadMiB(t, a, b)
 			sa, sb := la.Stats(), lb.Stats()
+			// The WRITE's packets leave with their payload read from a's MR by the kernel
+			// (linkref.go); the READ responses never do.
+			refs := a.dev.Stats().TxRefPackets - before.TxRefPackets
+			if tc.want && refs < 256 {
+				t.Fatalf("RDMA WRITE of 256 packets: %d sent with the payload by reference", refs)
+			}
+			if st := b.dev.Stats(); st.TxRefPackets != 0 || (!tc.want && refs != 0) {
+				t.Fatalf("payloads sent by reference: a %d, b %d (READ responses: never; ICRC kept: never)", refs, st.TxRefPackets)
+			}
 			t.Logf("waived: a %d of %d received, b %d of %d", sa.RxICRCWaived, sa.RxPackets, sb.RxICRCWaived, sb.RxPackets)
 			if d := sa.RxICRCDrops + sb.RxICRCDrops + sa.RxMalformedDrops + sb.RxMalformedDrops; d != 0 {
 				t.Fatalf("%d packets dropped as corrupt or malformed", d)
@@ -166,6 +150,40 @@ func TestECEWaivesICRC(t *testing.T) {
 			}
 		})
 	}
+}
+
+// udpPair connects two devices on UDP links at 127.0.0.1 and 127.0.0.2 (GSO and GRO on),
+// through the CM or by hand, with Config.KeepICRC as given; 4 MiB of memory each.
+func udpPair(t *testing.T, keepA, keepB, viaCM bool) (a, b *node, la, lb *link.UDP) {
+	t.Helper()
+	ctx := context.Background()
+	la, err := link.ListenUDP(ctx, netip.MustParseAddrPort("127.0.0.1:0"), link.UDPOptions{GSO: true, GRO: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err = link.ListenUDP(ctx, netip.MustParseAddrPort("127.0.0.2:0"), link.UDPOptions{GSO: true, GRO: true})
+	if err != nil {
+		la.Close()
+		t.Skipf("127.0.0.2: %v", err)
+	}
+	open := func(l *link.UDP, keep bool) *Device {
+		d, err := Open(Config{Link: l, Name: "t" + l.LocalAddr().String(), KeepICRC: keep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	o := nodeOpts{memSize: 4 << 20}
+	a, b = newNodeOn(t, open(la, keepA), o), newNodeOn(t, open(lb, keepB), o)
+	if viaCM {
+		p := &cmPair{a: a, b: b}
+		p.configure(t, fastCM)
+		a.dev.SetPeerUDPPort(b.addr.Addr(), b.addr.Port())
+		connectCM(t, p, []byte("req"), []byte("rep"))
+	} else {
+		connect(a, b, connOpts{})
+	}
+	return a, b, la, lb
 }
 
 func segmentable(n *node) bool {
@@ -314,8 +332,18 @@ func TestSegmentableGSOOverVeth(t *testing.T) {
 			if got := a.qp.Query().PathMTU; got != transport.MTU1024 {
 				t.Fatalf("path MTU %v over a 1500-byte veth, want 1024", got)
 			}
+			before := a.dev.Stats()
 			writeReadMiB(t, a, b)
 			sa, sb := la.Stats(), lb.Stats()
+			// The WRITE's packets leave with their payload read from a's MR by the kernel
+			// (linkref.go); the READ responses never do.
+			refs := a.dev.Stats().TxRefPackets - before.TxRefPackets
+			if viaCM && refs < 1024 {
+				t.Fatalf("RDMA WRITE of 1024 packets: %d sent with the payload by reference", refs)
+			}
+			if st := b.dev.Stats(); st.TxRefPackets != 0 || (!viaCM && refs != 0) {
+				t.Fatalf("payloads sent by reference: a %d, b %d (READ responses: never; without the CM: never)", refs, st.TxRefPackets)
+			}
 			t.Logf("a: %d packets in %d GSO messages sent; b: %d packets in %d GSO messages, %d GRO messages received by a",
 				sa.TxPackets, sa.TxGSOMessages, sb.TxPackets, sb.TxGSOMessages, sa.RxGROMessages)
 			if viaCM && (sa.TxGSOMessages == 0 || sb.TxGSOMessages == 0) {

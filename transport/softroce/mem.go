@@ -47,7 +47,7 @@ func (m memory) Free() error {
 	d.mem.remove(m.r)
 	buf := m.r.buf
 	m.r.buf = nil
-	return unix.Munmap(buf)
+	return d.unmap(buf)
 }
 
 // memMap is the device's sorted set of regions.

@@ -208,9 +208,12 @@ func (q *qp) sendData(pkts []link.Packet, buf []byte, w *sendWQE, now time.Time)
 	if ie := p.IETH(); ie != nil {
 		ie.SetRKey(w.wr.InvalidateRKey)
 	}
+	var payload []byte // carried by reference on the link (linkref.go)
 	if n > 0 {
 		ok, byRef := true, false
-		if w.wr.Flags&transport.SendInline == 0 && q.byRef(n) {
+		if payload, ok = q.linkRef(w, w.sent, n); payload != nil {
+			byRef = true
+		} else if ok && w.wr.Flags&transport.SendInline == 0 && q.byRef(n) {
 			// To the device itself: the receiver copies from the SGL's memory (loopref.go).
 			var r loopRef
 			ok = q.gatherRef(w, w.sent, n, &r)
@@ -235,7 +238,16 @@ func (q *qp) sendData(pkts []link.Packet, buf []byte, w *sendWQE, now time.Time)
 		w.state = wqePending
 		q.sqReq++
 	}
-	return q.sent(pkts, p, psn, q.req.psn, now)
+	pkts = q.sent(pkts, p, psn, q.req.psn, now)
+	if payload != nil {
+		// The link sends the headers, the payload from the MR, then the (zero) ICRC field:
+		// what follows the headers in buf stands in for that field.
+		lp := &pkts[len(pkts)-1]
+		lp.Buf = lp.Buf[:p.HeaderLen()+wire.ICRCLen]
+		lp.Payload = payload
+		q.dev.refOut.Add(1)
+	}
+	return pkts
 }
 
 func dataOpcode(op transport.WROpcode, first, last bool) wire.Opcode {

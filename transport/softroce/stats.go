@@ -40,6 +40,10 @@ type Stats struct {
 	// ICRCWaived counts the packets accepted without an ICRC check: from srpd peers that
 	// negotiated the waiver (Config.KeepICRC; link.Stats RxICRCWaived).
 	ICRCWaived uint64
+	// TxRefPackets/TxRefBytes count the packets sent to the link with their payload by
+	// reference (and those payload bytes): read by the kernel straight from registered memory
+	// instead of copied into a packet buffer first (srpd peers without ICRC, linkref.go).
+	TxRefPackets, TxRefBytes uint64
 }
 
 type counters struct {
@@ -53,6 +57,7 @@ type counters struct {
 	loopPackets, loopBytes, loopDrops            atomic.Uint64
 	loopRefPackets, loopRefBytes, loopRefDrops   atomic.Uint64
 	heldPackets, heldSends                       atomic.Uint64
+	txRefPackets, txRefBytes                     atomic.Uint64
 }
 
 func nakIndex(code uint8) int {
@@ -76,6 +81,7 @@ func (c *counters) snapshot() Stats {
 		LoopRefPackets: c.loopRefPackets.Load(), LoopRefBytes: c.loopRefBytes.Load(),
 		LoopRefDrops: c.loopRefDrops.Load(),
 		HeldPackets:  c.heldPackets.Load(), HeldSends: c.heldSends.Load(),
+		TxRefPackets: c.txRefPackets.Load(), TxRefBytes: c.txRefBytes.Load(),
 	}
 	for i := range c.naksSent {
 		s.NAKsSent[i] = c.naksSent[i].Load()

@@ -36,7 +36,7 @@ func groWaiveOdd(qpn uint32) bool { return qpn&1 != 0 }
 
 // rxOnlyUDP is a GRO UDP link without a socket, for feeding its receive state directly.
 func rxOnlyUDP(local netip.AddrPort) *UDP {
-	return &UDP{local: local, is4: true, gro: true, batch: 1, rx: newMmsgState(1),
+	return &UDP{local: local, is4: true, gro: true, batch: 1, rx: newMmsgState(1, 1),
 		groBufs: [][]byte{make([]byte, groBufLen)}}
 }
 

@@ -64,6 +64,30 @@ type Packet struct {
 	// computing it. Only a link whose datagrams carry their own checksum may be asked (UDP: the
 	// kernel's UDP checksum covers the same bytes end to end). Ignored on Recv.
 	NoICRC bool
+	// Payload (Send), when not nil, is the packet's payload carried by reference: the datagram
+	// is Buf without its last 4 bytes (BTH through the last transport header), then Payload,
+	// then Buf's last 4 bytes (the ICRC field). The link reads Payload while Send runs and not
+	// after (UDP hands it to the kernel as an iovec of its own, which saves copying every byte
+	// into a packet buffer first). Only for links implementing ICRCWaiver and with NoICRC: no
+	// CRC is computed over pieces; its length must be a multiple of 4 (no pad bytes).
+	// Otherwise Send returns ErrPayloadRef. Ignored on Recv.
+	Payload []byte
+}
+
+// Len is the packet's length on the wire from the BTH through the ICRC: len(Buf) plus the
+// payload carried by reference.
+func (p *Packet) Len() int { return len(p.Buf) + len(p.Payload) }
+
+// checkSend checks a packet to send: its length and, with a payload by reference, that the
+// link can send one (refs) and the packet meets Payload's conditions.
+func (p *Packet) checkSend(refs bool) error {
+	if n := p.Len(); n < MinPacket || n > MaxPacket || len(p.Buf) < MinPacket {
+		return ErrPacketSize
+	}
+	if p.Payload != nil && (!refs || !p.NoICRC || len(p.Payload)%4 != 0) {
+		return ErrPayloadRef
+	}
+	return nil
 }
 
 // ICRCWaiver is implemented by links that can accept packets without an ICRC: those whose
@@ -119,7 +143,7 @@ type Encapsulator interface {
 	Encap(p *Packet) wire.Encap
 }
 
-// Stats is a snapshot of a link's counters. Bytes count Buf lengths (BTH through ICRC).
+// Stats is a snapshot of a link's counters. Bytes count packet lengths (BTH through ICRC).
 type Stats struct {
 	TxPackets, TxBytes uint64 // handed to the network
 	RxPackets, RxBytes uint64 // returned by Recv
@@ -137,13 +161,16 @@ type Stats struct {
 
 // Errors returned by Send.
 var (
-	// ErrPacketSize: len(Buf) is outside [MinPacket, MaxPacket].
+	// ErrPacketSize: the packet's length (Len) or len(Buf) is outside [MinPacket, MaxPacket].
 	ErrPacketSize = errors.New("link: packet length out of range")
 	// ErrAddress: the destination (or chosen source) address is invalid, of the wrong family
 	// for the link, or no source address could be chosen for a wildcard-bound link.
 	ErrAddress = errors.New("link: bad address")
 	// ErrBufferTooSmall: a Recv buffer has capacity < MaxPacket.
 	ErrBufferTooSmall = errors.New("link: receive buffer capacity below MaxPacket")
+	// ErrPayloadRef: a packet's Payload is set where it cannot be: on a link that does not
+	// send payloads by reference, without NoICRC, or of a length that is no multiple of 4.
+	ErrPayloadRef = errors.New("link: payload by reference not possible")
 )
 
 // counters are updated with sync/atomic and read by Stats.

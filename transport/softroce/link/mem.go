@@ -393,8 +393,8 @@ func (m *MemLink) injectLocked(q *memQueue, pkts []Packet, raw bool) (int, error
 func (m *MemLink) sendLocked(q *memQueue, pkts []Packet, raw, faults bool) (int, error) {
 	for i := range pkts {
 		p := &pkts[i]
-		if len(p.Buf) < MinPacket || len(p.Buf) > MaxPacket {
-			return i, ErrPacketSize
+		if err := p.checkSend(false); err != nil {
+			return i, err
 		}
 		src := m.addr
 		if a := p.Src.Addr().Unmap(); a.IsValid() {

@@ -46,7 +46,18 @@ func (t *PcapTap) Err() error {
 
 // Send implements Link.
 func (t *PcapTap) Send(pkts []Packet) (int, error) {
+	// The tap records whole packets: it takes no payload by reference (Packet.Payload).
+	var refErr error
+	for i := range pkts {
+		if pkts[i].Payload != nil {
+			pkts, refErr = pkts[:i], ErrPayloadRef
+			break
+		}
+	}
 	n, err := t.Link.Send(pkts)
+	if err == nil {
+		err = refErr
+	}
 	enc, _ := t.Link.(Encapsulator)
 	for i := 0; i < n; i++ {
 		p := &pkts[i]

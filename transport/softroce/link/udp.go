@@ -110,10 +110,12 @@ type mmsgState struct {
 	ctrl  [][ctrlLen]byte
 }
 
-func newMmsgState(n int) mmsgState {
+// newMmsgState prepares n messages with iovPer iovecs each: 1 to receive, 3 to send (a packet
+// whose payload is carried by reference is headers, payload, ICRC).
+func newMmsgState(n, iovPer int) mmsgState {
 	s := mmsgState{
 		msgs:  make([]unix.Mmsghdr, n),
-		iovs:  make([]unix.Iovec, n),
+		iovs:  make([]unix.Iovec, n*iovPer),
 		names: make([]unix.RawSockaddrInet6, n),
 		ctrl:  make([][ctrlLen]byte, n),
 	}
@@ -187,7 +189,7 @@ func ListenUDP(ctx context.Context, addr netip.AddrPort, opts UDPOptions) (*UDP,
 	}
 	u := &UDP{
 		conn: conn, rc: rc, local: local, is4: is4, wild: a.IsUnspecified(), batch: batch, gro: gro, gso: gso, busyPoll: max(opts.BusyPoll, 0),
-		rx: newMmsgState(batch), tx: newMmsgState(batch), txPkts: make([]int, batch+1),
+		rx: newMmsgState(batch, 1), tx: newMmsgState(batch, 3), txPkts: make([]int, batch+1),
 	}
 	if gro {
 		u.groBufs = make([][]byte, batch)
@@ -325,7 +327,7 @@ func (u *UDP) Send(pkts []Packet) (int, error) {
 				}
 			}
 			for i := 0; i < done; i++ {
-				u.ctr.txBytes.Add(uint64(len(pkts[sent+i].Buf)))
+				u.ctr.txBytes.Add(uint64(pkts[sent+i].Len()))
 			}
 			u.ctr.txPackets.Add(uint64(done))
 			sent += done
@@ -369,13 +371,14 @@ func (u *UDP) prepareSend(pkts []Packet) (int, error) {
 		open              bool
 		msrc              netip.Addr
 	)
+	iov := 0 // next free iovec
 	i := 0
 	for ; i < n; i++ {
 		p := &pkts[i]
-		if len(p.Buf) < MinPacket || len(p.Buf) > MaxPacket {
-			err = ErrPacketSize
+		if err = p.checkSend(true); err != nil {
 			break
 		}
+		plen := p.Len()
 		src, ok := u.srcFor(p)
 		dst := p.Dst.Addr()
 		if u.is4 {
@@ -386,7 +389,7 @@ func (u *UDP) prepareSend(pkts []Packet) (int, error) {
 			break
 		}
 		if p.NoICRC {
-			clear(p.Buf[len(p.Buf)-4:])
+			clear(p.Buf[len(p.Buf)-wire.ICRCLen:])
 		} else {
 			e := wire.Encap{Src: netip.AddrPortFrom(src, u.local.Port()), Dst: netip.AddrPortFrom(dst, p.Dst.Port())}
 			e.PutICRC(p.Buf)
@@ -396,13 +399,14 @@ func (u *UDP) prepareSend(pkts []Packet) (int, error) {
 			fp := &pkts[first]
 			k := i - first
 			if fp.Dst == p.Dst && msrc == src && fp.TrafficClass == p.TrafficClass && fp.Segmentable == p.Segmentable &&
-				len(p.Buf) <= seg && len(pkts[i-1].Buf) == seg && k < gsoMaxSegs && bytes+len(p.Buf) <= gsoMaxBytes {
-				// Append p to the message as one more segment.
-				bytes += len(p.Buf)
-				u.tx.iovs[i].Base = &p.Buf[0]
-				u.tx.iovs[i].SetLen(len(p.Buf))
+				plen <= seg && pkts[i-1].Len() == seg && k < gsoMaxSegs && bytes+plen <= gsoMaxBytes {
+				// Append p to the message as one more segment (the kernel cuts segments from
+				// the iovecs' concatenation, so a packet in pieces stays one segment).
+				bytes += plen
 				h := &u.tx.msgs[nmsg-1].Hdr
-				h.SetIovlen(k + 1)
+				nv := u.putIovs(iov, p)
+				iov += nv
+				h.SetIovlen(int(h.Iovlen) + nv)
 				u.txPkts[nmsg] = i + 1
 				if k == 1 {
 					u.addSegment(nmsg-1, seg)
@@ -410,15 +414,17 @@ func (u *UDP) prepareSend(pkts []Packet) (int, error) {
 				continue
 			}
 		}
-		first, seg, bytes, msrc = i, len(p.Buf), len(p.Buf), src
+		first, seg, bytes, msrc = i, plen, plen, src
 		open = u.gso && (dst.IsLoopback() || p.Segmentable)
 
 		m := nmsg
 		nmsg++
 		u.txPkts[nmsg] = i + 1
 		h := &u.tx.msgs[m].Hdr
-		h.Iov = &u.tx.iovs[i]
-		h.SetIovlen(1)
+		h.Iov = &u.tx.iovs[iov]
+		nv := u.putIovs(iov, p)
+		iov += nv
+		h.SetIovlen(nv)
 		nm := &u.tx.names[m]
 		*nm = unix.RawSockaddrInet6{}
 		if u.is4 {
@@ -436,8 +442,6 @@ func (u *UDP) prepareSend(pkts []Packet) (int, error) {
 			}
 			h.Namelen = unix.SizeofSockaddrInet6
 		}
-		u.tx.iovs[i].Base = &p.Buf[0]
-		u.tx.iovs[i].SetLen(len(p.Buf))
 		// Control: source address (when not the bound one) and traffic class (when not 0).
 		c := u.tx.ctrl[m][:]
 		off := 0
@@ -471,6 +475,25 @@ func (u *UDP) prepareSend(pkts []Packet) (int, error) {
 		h.SetControllen(off)
 	}
 	return nmsg, err
+}
+
+// putIovs points the tx iovecs from index iov at p's bytes and returns how many it used: one
+// (Buf), or three for a payload by reference (headers, Payload, ICRC field).
+func (u *UDP) putIovs(iov int, p *Packet) int {
+	v := u.tx.iovs[iov:]
+	if len(p.Payload) == 0 {
+		v[0].Base = &p.Buf[0]
+		v[0].SetLen(len(p.Buf))
+		return 1
+	}
+	h := len(p.Buf) - wire.ICRCLen
+	v[0].Base = &p.Buf[0]
+	v[0].SetLen(h)
+	v[1].Base = &p.Payload[0]
+	v[1].SetLen(len(p.Payload))
+	v[2].Base = &p.Buf[h]
+	v[2].SetLen(wire.ICRCLen)
+	return 3
 }
 
 // addSegment turns tx message m into a GSO super-packet of seg-byte segments (UDP_SEGMENT cmsg

@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -654,5 +655,103 @@ func TestUDPWaiveICRC(t *testing.T) {
 				t.Fatalf("want 4 waived, 2 ICRC drops (zero field to QP 0x12, wrong ICRC to QP 0x11): %+v", st)
 			}
 		})
+	}
+}
+
+// byRef splits a flat packet into the form of a payload by reference: Buf the headers and the
+// ICRC field, Payload a copy of the payload (in memory of its own, as an MR's would be).
+func byRef(t testing.TB, p Packet) Packet {
+	t.Helper()
+	wp, err := wire.Parse(p.Buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := wp.HeaderLen()
+	q := p
+	q.Payload = append([]byte(nil), p.Buf[h:len(p.Buf)-wire.ICRCLen]...)
+	q.Buf = append(append([]byte(nil), p.Buf[:h]...), 0, 0, 0, 0)
+	q.NoICRC = true
+	return q
+}
+
+func TestUDPPayloadByRef(t *testing.T) {
+	for _, gso := range []bool{false, true} {
+		t.Run(fmt.Sprintf("gso=%v", gso), func(t *testing.T) {
+			opts := UDPOptions{GSO: gso, GRO: gso}
+			a, b := listen(t, lo4, opts), listen(t, lo4, opts)
+			b.WaiveICRC(func(qpn uint32) bool { return qpn == 0x11 })
+			dst := b.LocalAddrPort()
+			// Equal sizes (GSO puts them in one message, pieces and flat packets mixed), then
+			// a shorter one by reference that ends the message.
+			var flat, pkts []Packet
+			sizes := []int{1024, 1024, 1024, 1024, 1024, 512}
+			var want int
+			for i, n := range sizes {
+				p := mkSend(t, dst, uint32(i), n)
+				p.NoICRC = true
+				flat = append(flat, p)
+				want += len(p.Buf)
+				if i%2 == 0 || i == len(sizes)-1 {
+					p = byRef(t, p)
+				}
+				pkts = append(pkts, p)
+			}
+			if n, err := a.Send(pkts); n != len(pkts) || err != nil {
+				t.Fatal(n, err)
+			}
+			got := recvN(t, b, len(pkts), 5*time.Second)
+			for i, p := range got {
+				if !bytes.Equal(p.Buf, flat[i].Buf) {
+					t.Fatalf("packet %d (by reference: %v) arrived as % x..., want % x...", i,
+						pkts[i].Payload != nil, p.Buf[:min(48, len(p.Buf))], flat[i].Buf[:48])
+				}
+			}
+			if st := b.Stats(); st.RxICRCWaived != uint64(len(sizes)) || st.RxICRCDrops != 0 || st.RxMalformedDrops != 0 {
+				t.Fatalf("receiver: %+v", st)
+			}
+			if st := a.Stats(); st.TxBytes != uint64(want) || st.TxPackets != uint64(len(sizes)) {
+				t.Fatalf("sender counted %d packets, %d bytes, want %d, %d", st.TxPackets, st.TxBytes, len(sizes), want)
+			}
+			if gso {
+				if st := a.Stats(); st.TxGSOMessages == 0 {
+					t.Fatalf("no GSO message: %+v", st)
+				}
+			}
+
+			// Refused, with what comes before them sent: a payload by reference without
+			// NoICRC (its ICRC would be computed over the headers only), and one whose length
+			// needs pad bytes.
+			good := byRef(t, mkSend(t, dst, 20, 256))
+			noWaiver := byRef(t, mkSend(t, dst, 21, 256))
+			noWaiver.NoICRC = false
+			odd := byRef(t, mkSend(t, dst, 22, 256))
+			odd.Payload = odd.Payload[:255]
+			for _, bad := range []Packet{noWaiver, odd} {
+				n, err := a.Send([]Packet{good, bad})
+				if n != 1 || !errors.Is(err, ErrPayloadRef) {
+					t.Fatalf("Send: %d, %v; want 1, ErrPayloadRef", n, err)
+				}
+			}
+			recvN(t, b, 2, 5*time.Second)
+		})
+	}
+}
+
+// TestPayloadRefRefused: links that record or copy whole packets take no payload by reference.
+func TestPayloadRefRefused(t *testing.T) {
+	x, y := NewPipe(lo4, netip.MustParseAddr("127.0.0.2"), PipeConfig{})
+	defer x.Close()
+	defer y.Close()
+	p := byRef(t, mkSend(t, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), UDPPort), 1, 256))
+	if n, err := x.Send([]Packet{p}); n != 0 || !errors.Is(err, ErrPayloadRef) {
+		t.Fatalf("MemLink: %d, %v; want 0, ErrPayloadRef", n, err)
+	}
+	tap, err := WithPcap(x, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := mkSend(t, p.Dst, 2, 256)
+	if n, err := tap.Send([]Packet{flat, p}); n != 1 || !errors.Is(err, ErrPayloadRef) {
+		t.Fatalf("pcap: %d, %v; want 1, ErrPayloadRef", n, err)
 	}
 }

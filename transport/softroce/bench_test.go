@@ -34,6 +34,10 @@ func BenchmarkLoopback(b *testing.B) {
 		off := link.UDPOptions{GSO: true, GRO: true}
 		b.Run("WriteGSO/"+fmtSize(size), func(b *testing.B) { benchRDMA(b, size, transport.WRRDMAWrite, off) })
 		b.Run("ReadGSO/"+fmtSize(size), func(b *testing.B) { benchRDMA(b, size, transport.WRRDMARead, off) })
+		// Between srpd peers (no ICRC, as the CM negotiates it): the WRITE's payload goes by
+		// reference (linkref.go), or is copied into packet buffers as before (Copy).
+		b.Run("WriteNoICRC/"+fmtSize(size), func(b *testing.B) { benchRDMANoICRC(b, size, transport.WRRDMAWrite, false) })
+		b.Run("WriteNoICRCCopy/"+fmtSize(size), func(b *testing.B) { benchRDMANoICRC(b, size, transport.WRRDMAWrite, true) })
 	}
 	// Two QPs of one device: the packets take the device's loopback path (loop.go), not the
 	// link; 128 KiB is the I/O size of the SRP benchmarks.
@@ -92,7 +96,27 @@ func benchRDMA(b *testing.B, size int, op transport.WROpcode, lo link.UDPOptions
 	o := nodeOpts{memSize: 2 * benchDepth * size, sqDepth: 64, cqDepth: 256}
 	na, nb := newNode(b, la, o), newNode(b, lb, o)
 	defer func() { na.close(); nb.close() }()
-	benchRun(b, na, nb, size, op)
+	benchRun(b, na, nb, size, op, nil)
+}
+
+// benchRDMANoICRC is benchRDMA with GSO and GRO, the ICRC waived both ways and payloads by
+// reference on or off (copy).
+func benchRDMANoICRC(b *testing.B, size int, op transport.WROpcode, copy bool) {
+	la, lb := ListenUDPPair(b, loopback4, loopback4, link.UDPOptions{GSO: true, GRO: true})
+	o := nodeOpts{memSize: 2 * benchDepth * size, sqDepth: 64, cqDepth: 256}
+	na, nb := newNode(b, la, o), newNode(b, lb, o)
+	defer func() { na.close(); nb.close() }()
+	benchRun(b, na, nb, size, op, func() {
+		for _, n := range []*node{na, nb} {
+			n.dev.mu.Lock()
+			n.qp.(*qp).setNoICRC(true)
+			n.dev.copyPayloads = copy
+			n.dev.mu.Unlock()
+		}
+	})
+	if s := na.dev.Stats(); (s.TxRefPackets == 0) != copy || s.ICRCWaived+nb.dev.Stats().ICRCWaived == 0 {
+		b.Fatalf("payloads by reference %d (copy %v), ICRC waived %d + %d", s.TxRefPackets, copy, s.ICRCWaived, nb.dev.Stats().ICRCWaived)
+	}
 }
 
 // benchLoop is benchRDMA between two QPs of one device (over an in-memory link that carries
@@ -103,15 +127,19 @@ func benchLoop(b *testing.B, size int, op transport.WROpcode) {
 	na := newNode(b, la, o)
 	nb := newNodeOn(b, na.dev, o)
 	defer na.close()
-	benchRun(b, na, nb, size, op)
+	benchRun(b, na, nb, size, op, nil)
 	if s := na.dev.Stats(); s.TxPackets != 0 {
 		b.Fatalf("%d packets went through the link", s.TxPackets)
 	}
 }
 
-// benchRun posts size-byte op WRs from na to nb, benchDepth in flight.
-func benchRun(b *testing.B, na, nb *node, size int, op transport.WROpcode) {
+// benchRun posts size-byte op WRs from na to nb, benchDepth in flight; setup runs after the QPs
+// are connected.
+func benchRun(b *testing.B, na, nb *node, size int, op transport.WROpcode, setup func()) {
 	connect(na, nb, connOpts{mtu: transport.MTU4096, timeout: 14})
+	if setup != nil {
+		setup()
+	}
 	wrs := make([]transport.SendWR, benchDepth)
 	sges := make([]transport.SGE, benchDepth)
 	for i := range wrs {

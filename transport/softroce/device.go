@@ -171,9 +171,11 @@ type Device struct {
 	dead      [][]byte
 	deadN     atomic.Int32
 	sendsDone bool
-	kick      chan struct{}
-	done      chan struct{}
-	wg        sync.WaitGroup
+	// copyPayloads turns payloads by reference off (benchmarks compare).
+	copyPayloads bool
+	kick         chan struct{}
+	done         chan struct{}
+	wg           sync.WaitGroup
 
 	stats counters
 }

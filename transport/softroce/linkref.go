@@ -49,7 +49,7 @@ import (
 // memory when the packet can carry them by reference (see above), after the lkey check of the
 // SGE. nil with ok: copy them (gather). ok false: protection error. dev.mu held.
 func (q *qp) linkRef(w *sendWQE, off, n uint32) (payload []byte, ok bool) {
-	if !q.noICRC || n < refMinPayload || n%4 != 0 || w.wr.Flags&transport.SendInline != 0 ||
+	if !q.noICRC || q.dev.copyPayloads || n < refMinPayload || n%4 != 0 || w.wr.Flags&transport.SendInline != 0 ||
 		(q.dev.loop.on && q.dev.loopDst(q.dst)) {
 		return nil, true
 	}

@@ -73,6 +73,7 @@ type DeviceAttr struct {
 	MaxMTU          MTU    // largest path MTU
 	ActiveMTU       MTU    // the port's active MTU
 	AtomicCap       bool   // atomics supported (false for softroce)
+	HostSGE         bool   // SGE.Host accepted in SEND and RDMA WRITE gather lists (softroce)
 	VendorID        uint32 // 0 for softroce
 }
 

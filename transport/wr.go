@@ -10,6 +10,15 @@ type SGE struct {
 	Addr   uint64
 	Length uint32
 	LKey   uint32
+	// Host, when not nil, is the element's bytes in process memory instead of a registered
+	// range (Addr and LKey are ignored; Length must be len(Host)): a source the ULP need not
+	// copy into registered memory first (a RAM LUN's data sent as it lies). Only in the gather
+	// list of SEND and RDMA WRITE work requests, and only on devices whose DeviceAttr.HostSGE
+	// is set (softroce, which reads the bytes when it builds or sends the packets; a NIC could
+	// not reach them without a registration); elsewhere the post fails with ErrInvalidWR. The
+	// caller keeps the slice, and for a correct transfer its bytes, as they are until the WR
+	// completes.
+	Host []byte
 }
 
 // WROpcode is a send work-request opcode, with the values of enum ib_wr_opcode.

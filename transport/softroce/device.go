@@ -244,6 +244,7 @@ func Open(cfg Config) (*Device, error) {
 		MaxMsgSize:      1 << 31,
 		MaxMTU:          transport.MTU4096,
 		ActiveMTU:       transport.MTU4096,
+		HostSGE:         true,
 	}
 	if cfg.MTU != 0 {
 		if cfg.MTU.Bytes() == 0 {

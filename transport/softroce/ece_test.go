@@ -110,7 +110,7 @@ func TestECEWaivesICRC(t *testing.T) {
 		{"no cm", false, false, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, b, la, lb := udpPair(t, tc.keepA, tc.keepB, tc.viaCM)
+			a, b, la, lb := udpPair(t, tc.keepA, tc.keepB, tc.viaCM, nodeOpts{memSize: 4 << 20})
 			defer a.close()
 			defer b.close()
 			if noICRC(a) != tc.want || noICRC(b) != tc.want {
@@ -153,8 +153,8 @@ func TestECEWaivesICRC(t *testing.T) {
 }
 
 // udpPair connects two devices on UDP links at 127.0.0.1 and 127.0.0.2 (GSO and GRO on),
-// through the CM or by hand, with Config.KeepICRC as given; 4 MiB of memory each.
-func udpPair(t *testing.T, keepA, keepB, viaCM bool) (a, b *node, la, lb *link.UDP) {
+// through the CM or by hand, with Config.KeepICRC as given.
+func udpPair(t *testing.T, keepA, keepB, viaCM bool, o nodeOpts) (a, b *node, la, lb *link.UDP) {
 	t.Helper()
 	ctx := context.Background()
 	la, err := link.ListenUDP(ctx, netip.MustParseAddrPort("127.0.0.1:0"), link.UDPOptions{GSO: true, GRO: true})
@@ -173,7 +173,6 @@ func udpPair(t *testing.T, keepA, keepB, viaCM bool) (a, b *node, la, lb *link.U
 		}
 		return d
 	}
-	o := nodeOpts{memSize: 4 << 20}
 	a, b = newNodeOn(t, open(la, keepA), o), newNodeOn(t, open(lb, keepB), o)
 	if viaCM {
 		p := &cmPair{a: a, b: b}

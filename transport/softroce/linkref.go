@@ -54,9 +54,12 @@ func (q *qp) linkRef(w *sendWQE, off, n uint32) (payload []byte, ok bool) {
 		return nil, true
 	}
 	it := sglIter{sgl: w.wr.SGL, off: off, n: n}
-	m, va, k, ok := q.nextSGE(&it)
-	if m == nil || k != n {
+	m, va, host, k, ok := q.nextSGE(&it)
+	if k != n {
 		return nil, ok // a protection error, or the bytes span SGEs
+	}
+	if host != nil {
+		return host, true // SGE.Host: the caller's memory, kept until the WR completes
 	}
 	if c := m.chunk(va, int(n)); len(c) == int(n) {
 		return c, true

@@ -44,7 +44,7 @@ func deadLen(d *Device) int {
 // link; the peer gets none of its bytes, the WRITE fails when it is built again, and memory
 // freed with nothing out is unmapped at once.
 func TestLinkRefFreeWhileOut(t *testing.T) {
-	a, b, _, _ := udpPair(t, false, false, true)
+	a, b, _, _ := udpPair(t, false, false, true, nodeOpts{memSize: 4 << 20})
 	defer a.close()
 	defer b.close()
 	if !noICRC(a) {

@@ -152,11 +152,12 @@ func (m *mr) refRange(r *loopRef, va uint64, n uint64) bool {
 func (q *qp) gatherRef(w *sendWQE, off, n uint32, r *loopRef) (ok bool) {
 	it := sglIter{sgl: w.wr.SGL, off: off, n: n}
 	for {
-		m, va, k, ok := q.nextSGE(&it)
-		if m == nil {
+		m, va, host, k, ok := q.nextSGE(&it)
+		if k == 0 {
 			return ok
 		}
-		if !m.refRange(r, va, uint64(k)) {
+		if host != nil || !m.refRange(r, va, uint64(k)) {
+			// Host memory has no device address (SGE.Host), or too many ranges: copied.
 			r.n = 0
 			return true
 		}

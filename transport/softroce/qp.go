@@ -583,7 +583,10 @@ func (q *qp) postSend(wrs []transport.SendWR) (queued bool, err error) {
 		if wr.Flags&transport.SendInline != 0 {
 			w.inline = w.inline[:0]
 			for _, s := range wr.SGL {
-				b, _ := d.mem.slice(s.Addr, uint64(s.Length))
+				b := s.Host
+				if b == nil {
+					b, _ = d.mem.slice(s.Addr, uint64(s.Length))
+				}
 				w.inline = append(w.inline, b...)
 			}
 		}
@@ -614,6 +617,15 @@ func (q *qp) validateSend(i int, wr *transport.SendWR) error {
 		var n uint64
 		for _, s := range wr.SGL {
 			n += uint64(s.Length)
+			if s.Host == nil {
+				continue
+			}
+			if wr.Opcode == transport.WRRDMARead {
+				return postErr(i, wr.ID, transport.ErrInvalidWR, "SGE.Host as an RDMA READ destination")
+			}
+			if uint64(len(s.Host)) != uint64(s.Length) {
+				return postErr(i, wr.ID, transport.ErrInvalidWR, fmt.Sprintf("SGE.Host of %d bytes, Length %d", len(s.Host), s.Length))
+			}
 		}
 		if n > q.dev.attr.MaxMsgSize {
 			return postErr(i, wr.ID, transport.ErrInvalidWR, "message longer than 2^31 bytes")
@@ -626,7 +638,7 @@ func (q *qp) validateSend(i int, wr *transport.SendWR) error {
 				return postErr(i, wr.ID, transport.ErrInlineTooLong, fmt.Sprintf("%d > %d", n, q.cap.MaxInlineData))
 			}
 			for _, s := range wr.SGL {
-				if q.dev.mem.find(s.Addr, uint64(s.Length)) == nil {
+				if s.Host == nil && q.dev.mem.find(s.Addr, uint64(s.Length)) == nil {
 					return postErr(i, wr.ID, transport.ErrBadAddress, "inline SGE")
 				}
 			}
@@ -669,6 +681,11 @@ func (q *qp) PostRecv(wrs []transport.RecvWR) error {
 	for i := range wrs {
 		if len(wrs[i].SGL) > q.cap.MaxRecvSGE {
 			return postErr(i, wrs[i].ID, transport.ErrTooManySGE, fmt.Sprintf("%d > %d", len(wrs[i].SGL), q.cap.MaxRecvSGE))
+		}
+		for _, s := range wrs[i].SGL {
+			if s.Host != nil {
+				return postErr(i, wrs[i].ID, transport.ErrInvalidWR, "SGE.Host in a receive")
+			}
 		}
 	}
 	if free := len(q.rq) - int(q.rqTail-q.rqHead); len(wrs) > free {

@@ -300,11 +300,15 @@ func (q *qp) gather(w *sendWQE, off uint32, dst []byte) bool {
 	}
 	it := sglIter{sgl: w.wr.SGL, off: off, n: uint32(len(dst))}
 	for {
-		m, va, k, ok := q.nextSGE(&it)
-		if m == nil {
+		m, va, host, k, ok := q.nextSGE(&it)
+		switch {
+		case k == 0:
 			return ok
+		case host != nil:
+			copy(dst[:k], host)
+		default:
+			m.copyOut(dst[:k], va)
 		}
-		m.copyOut(dst[:k], va)
 		dst = dst[k:]
 	}
 }
@@ -318,26 +322,31 @@ type sglIter struct {
 }
 
 // nextSGE returns the next piece of it: k bytes at MR address va of m, whose SGE passed the
-// lkey check. m == nil ends the walk: ok reports whether all n bytes were there (false: a
-// protection error or an SGL too short).
-func (q *qp) nextSGE(it *sglIter) (m *mr, va uint64, k uint32, ok bool) {
+// lkey check, or the bytes themselves (host) for an SGE.Host (checked at post time). k == 0
+// ends the walk: ok reports whether all n bytes were there (false: a protection error or an
+// SGL too short).
+func (q *qp) nextSGE(it *sglIter) (m *mr, va uint64, host []byte, k uint32, ok bool) {
 	for ; it.n > 0 && it.i < len(it.sgl); it.i++ {
 		s := &it.sgl[it.i]
 		if it.off >= s.Length {
 			it.off -= s.Length
 			continue
 		}
-		if m = q.dev.checkLocal(q.pd, s.Addr, s.Length, s.LKey, false); m == nil {
-			return nil, 0, 0, false
-		}
 		k = min(it.n, s.Length-it.off)
-		va = s.Addr + uint64(it.off)
+		if s.Host != nil {
+			host = s.Host[it.off : it.off+k : it.off+k]
+		} else {
+			if m = q.dev.checkLocal(q.pd, s.Addr, s.Length, s.LKey, false); m == nil {
+				return nil, 0, nil, 0, false
+			}
+			va = s.Addr + uint64(it.off)
+		}
 		it.n -= k
 		it.off = 0
 		it.i++
-		return m, va, k, true
+		return m, va, host, k, true
 	}
-	return nil, 0, 0, it.n == 0
+	return nil, 0, nil, 0, it.n == 0
 }
 
 // reqRetry rewinds the SQ for go-back-N (rxe req_retry): transmission restarts at the oldest

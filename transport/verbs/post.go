@@ -180,6 +180,9 @@ func (q *qp) checkSend(wr *transport.SendWR) error {
 	if wr.Flags&^(transport.SendFence|transport.SendSignaled|transport.SendSolicited|transport.SendInline) != 0 {
 		return fmt.Errorf("%w: flags %#x", transport.ErrInvalidWR, wr.Flags)
 	}
+	if hasHost(wr.SGL) {
+		return fmt.Errorf("%w: SGE.Host (DeviceAttr.HostSGE is false: memory must be registered)", transport.ErrInvalidWR)
+	}
 	switch wr.Opcode {
 	case transport.WRRDMARead, transport.WRLocalInv, transport.WRRegMR:
 		if wr.Flags&(transport.SendInline|transport.SendSolicited) != 0 {
@@ -280,6 +283,9 @@ func (q *qp) PostRecv(wrs []transport.RecvWR) error {
 		if len(wrs[i].SGL) > q.caps.MaxRecvSGE {
 			return postErr(i, wrs[i].ID, fmt.Errorf("%w: %d > %d", transport.ErrTooManySGE, len(wrs[i].SGL), q.caps.MaxRecvSGE))
 		}
+		if hasHost(wrs[i].SGL) {
+			return postErr(i, wrs[i].ID, fmt.Errorf("%w: SGE.Host in a receive", transport.ErrInvalidWR))
+		}
 	}
 	free := len(q.rq) - int(q.rqTail-q.rqHead)
 	if len(wrs) > free {
@@ -319,4 +325,14 @@ func (q *qp) PostRecv(wrs []transport.RecvWR) error {
 	}
 	q.rqTail += uint64(len(wrs))
 	return nil
+}
+
+// hasHost reports whether sgl has an SGE.Host, which a NIC cannot reach.
+func hasHost(sgl []transport.SGE) bool {
+	for i := range sgl {
+		if sgl[i].Host != nil {
+			return true
+		}
+	}
+	return false
 }

@@ -525,6 +525,14 @@ func (q *fakeQP) execWR(wr *transport.SendWR, snap []uint64) transport.WCStatus 
 		}
 		va := wr.RemoteAddr
 		for _, s := range wr.SGL {
+			if s.Host != nil { // SGE.Host: a WRITE's source in process memory
+				if wr.Opcode != transport.WRRDMAWrite || len(s.Host) != int(s.Length) {
+					return transport.WCLocProtErr
+				}
+				q.peer.copyMR(rm, va, append([]byte(nil), s.Host...), true)
+				va += uint64(s.Length)
+				continue
+			}
 			lm := d.lookupLocal(s)
 			if lm == nil || (wr.Opcode == transport.WRRDMARead && lm.access&transport.AccessLocalWrite == 0) {
 				return transport.WCLocProtErr

@@ -98,7 +98,8 @@ func (c *RWCtx) WRs() int { return c.nwr }
 func (c *RWCtx) Bytes() uint64 { return c.bytes }
 
 // Init prepares a transfer between local (device addresses; an SGE with LKey 0 takes its lkey
-// from memory added with AddLocalMemory) and remote. The total lengths must be equal. It returns
+// from memory added with AddLocalMemory; for RWWrite on a device with DeviceAttr.HostSGE, an
+// SGE.Host: process memory, split as the others) and remote. The total lengths must be equal. It returns
 // the number of RDMA work requests.
 func (c *RWCtx) Init(dir RWDir, local []transport.SGE, remote []RemoteSeg) (int, error) {
 	if c.state == rwPosted {
@@ -138,15 +139,22 @@ func (c *RWCtx) Init(dir RWDir, local []transport.SGE, remote []RemoteSeg) (int,
 				if uint64(take) > maxLen-wlen {
 					take = uint32(maxLen - wlen)
 				}
-				addr := l.Addr + uint64(loff)
-				lkey := l.LKey
-				if lkey == 0 {
-					var ok bool
-					if lkey, ok = lookupLocal(lm, addr, uint64(take)); !ok {
-						return 0, ErrNotRegistered
+				if l.Host != nil {
+					if dir != RWWrite {
+						return 0, fmt.Errorf("frpool: SGE.Host as an RDMA READ destination: %w", transport.ErrInvalidArgument)
 					}
+					c.sges[nsge] = transport.SGE{Host: l.Host[loff : loff+take : loff+take], Length: take}
+				} else {
+					addr := l.Addr + uint64(loff)
+					lkey := l.LKey
+					if lkey == 0 {
+						var ok bool
+						if lkey, ok = lookupLocal(lm, addr, uint64(take)); !ok {
+							return 0, ErrNotRegistered
+						}
+					}
+					c.sges[nsge] = transport.SGE{Addr: addr, Length: take, LKey: lkey}
 				}
-				c.sges[nsge] = transport.SGE{Addr: addr, Length: take, LKey: lkey}
 				nsge++
 				wlen += uint64(take)
 				roff += take

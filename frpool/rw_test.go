@@ -319,3 +319,55 @@ func TestRWQPErrorBetweenWaves(t *testing.T) {
 		t.Fatalf("reserved %d", e.p.reserved)
 	}
 }
+
+// An RDMA WRITE transfer from process memory (SGE.Host) mixed with registered memory: split
+// across WRs and remote descriptors like any other, the pieces of host memory stay slices of it
+// (no lkey, nothing looked up), and the data arrives; as a READ destination it is refused.
+func TestRWHostSGE(t *testing.T) {
+	e := newRWEnv(t, Config{PeerMaxMsg: 3000, MaxRdAtomic: 16})
+	h1, h2 := make([]byte, 4100), make([]byte, 2900)
+	fill(h1, 3)
+	fill(h2, 5)
+	fill(e.mem.Bytes()[:1000], 9)
+	local := []transport.SGE{
+		{Host: h1, Length: uint32(len(h1))},
+		{Addr: e.mem.Addr(), Length: 1000},
+		{Host: h2, Length: uint32(len(h2))},
+	} // 8000 bytes
+	remote := []RemoteSeg{
+		{Addr: e.peerMem.Addr() + 10, RKey: e.rkey, Len: 4000},
+		{Addr: e.peerMem.Addr() + 8*fakePage, RKey: e.rkey, Len: 4000},
+	}
+	c := e.p.NewRWCtx(16, 32)
+	n, err := c.Init(RWWrite, local, remote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		for _, s := range c.wrs[i].SGL {
+			if (s.Host != nil) == (s.LKey != 0) || (s.Host != nil && len(s.Host) != int(s.Length)) {
+				t.Fatalf("wr %d: SGE %+v: a host piece without lkey, or a registered one with", i, s)
+			}
+		}
+	}
+	rec := &rwRecorder{}
+	if err := e.p.PostRW(c, nil, rec); err != nil {
+		t.Fatal(err)
+	}
+	e.execAll()
+	if got := e.deliver(); len(got) != 0 {
+		t.Fatalf("ULP got %v", got)
+	}
+	if len(rec.done) != 1 || rec.done[0] != nil {
+		t.Fatalf("done %v", rec.done)
+	}
+	want := append(append(append([]byte(nil), h1...), e.mem.Bytes()[:1000]...), h2...)
+	pb := e.peerMem.Bytes()
+	got := append(append([]byte(nil), pb[10:4010]...), pb[8*fakePage:8*fakePage+4000]...)
+	if !bytes.Equal(got, want) {
+		t.Fatal("data differs")
+	}
+	if _, err := e.p.NewRWCtx(16, 32).Init(RWRead, local, remote); !errors.Is(err, transport.ErrInvalidArgument) {
+		t.Fatalf("READ into host memory: %v, want ErrInvalidArgument", err)
+	}
+}

@@ -71,7 +71,18 @@ func (x *exec) read() Status {
 	if len(buf) == 0 {
 		return x.good()
 	}
-	if s, ok := l.readAt(buf, int64(i.LBA<<l.blockShift)); !ok {
+	off := int64(i.LBA << l.blockShift)
+	if v := x.cmd.DataInViews; cap(v) > 0 && l.viewer != nil {
+		k, ok, err := l.viewer.ViewAt(v[:0], off, len(buf))
+		if err != nil {
+			return x.check(l.ioError(err, false, i.LBA))
+		}
+		if ok {
+			x.views, x.dataIn = v[:k], len(buf)
+			return x.good()
+		}
+	}
+	if s, ok := l.readAt(buf, off); !ok {
 		return x.check(s)
 	}
 	x.dataIn = len(buf)

@@ -88,6 +88,7 @@ type LUNConfig struct {
 // concurrent use; commands execute concurrently, subject to their task attributes.
 type LUN struct {
 	be           backend.Backend
+	viewer       backend.Viewer // be, if it lends its memory (READ with Command.DataInViews)
 	blockSize    int
 	blockShift   uint
 	blocks       atomic.Uint64 // capacity in logical blocks (Resize changes it)
@@ -136,6 +137,7 @@ func NewLUN(cfg LUNConfig, be backend.Backend) (*LUN, error) {
 		return nil, errors.New("scsi: NewLUN: nil backend")
 	}
 	l := &LUN{be: be}
+	l.viewer, _ = be.(backend.Viewer)
 	switch cfg.BlockSize {
 	case 0, 512:
 		l.blockSize, l.blockShift = 512, 9
@@ -328,6 +330,13 @@ type Command struct {
 	// DataIn receives data-in (READ data goes straight from the backend into it). Execute
 	// writes at most min(len(DataIn), CDB transfer or allocation length) bytes.
 	DataIn []byte
+	// DataInViews, when its capacity is not zero, lets a READ from a backend that lends its
+	// memory (backend.Viewer: RAM) answer with views of it instead of copying into DataIn:
+	// Execute then fills DataInViews[:k] and returns them in Result.DataInViews (DataIn still
+	// bounds the length). A transport offers it when it can send process memory as it lies
+	// (transport.SGE.Host) and sends it before it reports the command done; it must not write
+	// into the views.
+	DataInViews [][]byte
 	// Sense receives sense data on CHECK CONDITION (fixed format, or descriptor format when
 	// the control mode page's D_SENSE is set). MaxSenseLen bytes always suffice; a shorter
 	// buffer gets truncated sense data. Nil discards it (Result.Sense still has it).
@@ -350,6 +359,9 @@ type Result struct {
 	// DataInLen is the number of bytes placed in Command.DataIn. The transport computes the
 	// residual from it and the expected transfer length.
 	DataInLen int
+	// DataInViews, when not nil, holds the data-in instead of Command.DataIn: DataInLen bytes
+	// in views of the backend's memory (Command.DataInViews).
+	DataInViews [][]byte
 	// SenseLen is the number of sense bytes written to Command.Sense (CHECK CONDITION only).
 	SenseLen int
 	// Sense is the sense data in decoded form (CHECK CONDITION only), e.g. for logging.
@@ -440,6 +452,7 @@ type exec struct {
 	info   CDBInfo
 	sense  Sense
 	dataIn int
+	views  [][]byte // the data-in as the backend's views (read)
 }
 
 func (x *exec) check(s Sense) Status {
@@ -493,6 +506,9 @@ func (x *exec) written(w *dinWriter) Status {
 
 func (x *exec) result(st Status) Result {
 	r := Result{Status: st, DataInLen: x.dataIn}
+	if st == StatusGood {
+		r.DataInViews = x.views
+	}
 	if st == StatusCheckCondition {
 		r.Sense = x.sense
 		r.SenseLen = x.sense.Encode(x.cmd.Sense, x.l != nil && x.l.dsense.Load())

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 )
 
@@ -243,7 +244,7 @@ func TestParseAgreesWithExecute(t *testing.T) {
 				res[k] = s.Execute(ctx, cmd)
 				din[k], media[k] = cmd.DataIn[:res[k].DataInLen], m.data
 			}
-			if res[0] != res[1] || !bytes.Equal(din[0], din[1]) || !bytes.Equal(media[0], media[1]) {
+			if !reflect.DeepEqual(res[0], res[1]) || !bytes.Equal(din[0], din[1]) || !bytes.Equal(media[0], media[1]) {
 				t.Errorf("% x (WriteProtected %v): Execute %v %v, Parse+Execute %v %v", seed[0], wp,
 					res[0].Status, res[0].Sense, res[1].Status, res[1].Sense)
 			}

@@ -60,6 +60,19 @@ func (b *timedBackend) WriteAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
+// ViewAt passes the wrapped backend's views on (backend.Viewer), timed as a read; a backend
+// without them lends nothing.
+func (b *timedBackend) ViewAt(views [][]byte, off int64, n int) (int, bool, error) {
+	v, ok := b.Backend.(backend.Viewer)
+	if !ok {
+		return 0, false, nil
+	}
+	t0 := time.Now()
+	k, ok, err := v.ViewAt(views, off, n)
+	b.t.read.observe(time.Since(t0))
+	return k, ok, err
+}
+
 // Nonblocking passes the wrapped backend's answer on (backend.Nonblocking): embedding the
 // Backend interface would hide it, and a RAM LUN would then run on a LUN worker instead of
 // inline on the receive path (target/sched.go). Timing adds no wait.

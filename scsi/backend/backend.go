@@ -101,3 +101,21 @@ type Backend interface {
 // Go promotes the method through embedding: a type that embeds a Nonblocking backend and adds
 // anything that may wait must declare Nonblocking() false itself.
 type Nonblocking interface{ Nonblocking() bool }
+
+// Viewer is implemented by backends whose content lies in process memory (RAM): a READ's data
+// can then be sent as it lies (a transport that takes process memory as a source,
+// transport.SGE.Host) instead of being copied out first.
+type Viewer interface {
+	// ViewAt fills views, up to its capacity, with slices of the backend's memory holding the
+	// n bytes at off, in order, and returns how many. A range never written may be a slice of
+	// zeroes shared between calls. ok false: nothing is lent for this range (it would take more
+	// than cap(views) pieces, or the backend has no memory of its own): the caller uses ReadAt.
+	// Errors are ReadAt's (closed, out of range).
+	//
+	// The views are read-only: nobody may write into them. They stay valid for as long as they
+	// are referenced (memory is never reused for another range), and their bytes follow later
+	// writes and discards of the range: a READ that sends them before it reports its end
+	// returns the medium's content from a moment between its start and its end, or a mix where
+	// a WRITE overlapped it, which SAM allows (see scsi's Atomicity note).
+	ViewAt(views [][]byte, off int64, n int) (k int, ok bool, err error)
+}

@@ -30,6 +30,8 @@ type RAM struct {
 	// from the table is marked dead under its lock first, so a goroutine that loaded the pointer
 	// before the removal notices and retries instead of writing into an orphan.
 	chunks []atomic.Pointer[ramChunk]
+	// zeros backs the views of never-written ranges (ViewAt); nobody writes into it.
+	zeros []byte
 }
 
 type ramChunk struct {
@@ -41,6 +43,7 @@ type ramChunk struct {
 var (
 	_ Backend     = (*RAM)(nil)
 	_ Nonblocking = (*RAM)(nil)
+	_ Viewer      = (*RAM)(nil)
 )
 
 // NewRAM returns a RAM backend of size bytes, all zeroes. A read-only RAM backend stays all zeroes
@@ -54,7 +57,7 @@ func NewRAM(size int64, readOnly bool) (*RAM, error) {
 		return nil, fmt.Errorf("backend ram: size %d exceeds the maximum %d: %w",
 			size, int64(ramMaxChunks)<<ramChunkShift, ErrInvalidSize)
 	}
-	r := &RAM{readOnly: readOnly, chunks: make([]atomic.Pointer[ramChunk], ramTableLen(n))}
+	r := &RAM{readOnly: readOnly, chunks: make([]atomic.Pointer[ramChunk], ramTableLen(n)), zeros: make([]byte, ramChunkSize)}
 	r.size.Store(size)
 	return r, nil
 }
@@ -110,6 +113,45 @@ func (r *RAM) readChunk(i int64, o int, dst []byte) {
 			return
 		}
 		c.mu.RUnlock() // discarded meanwhile: look again
+	}
+}
+
+// ViewAt lends the chunks' memory for [off, off+n) (Viewer): one view per chunk touched, the
+// shared zero chunk for those never written. A chunk discarded later keeps its bytes for the
+// views that hold it (a write after a discard allocates a new one), so a view never shows
+// another range's data.
+func (r *RAM) ViewAt(views [][]byte, off int64, n int) (int, bool, error) {
+	if err := r.check("read", off, int64(n), false); err != nil {
+		return 0, false, err
+	}
+	views = views[:cap(views)]
+	k := 0
+	for done := 0; done < n; k++ {
+		if k == len(views) {
+			return 0, false, nil
+		}
+		pos := off + int64(done)
+		i, o := pos>>ramChunkShift, int(pos&(ramChunkSize-1))
+		m := min(n-done, ramChunkSize-o)
+		views[k] = r.viewChunk(i, o, m)
+		done += m
+	}
+	return k, true, nil
+}
+
+func (r *RAM) viewChunk(i int64, o, m int) []byte {
+	for {
+		c := r.chunks[i].Load()
+		if c == nil {
+			return r.zeros[:m:m]
+		}
+		c.mu.RLock()
+		dead := c.dead
+		c.mu.RUnlock()
+		if !dead {
+			return c.data[o : o+m : o+m]
+		}
+		// discarded meanwhile: look again
 	}
 }
 

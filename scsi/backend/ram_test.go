@@ -180,3 +180,67 @@ func TestNonblocking(t *testing.T) {
 		t.Error("file backend says it is Nonblocking")
 	}
 }
+
+// TestRAMViewAt: the views of a range hold its bytes (written chunks lent as they lie, never
+// written ones as zeroes), one per chunk, without allocating; a range needing more views than
+// there is room for lends nothing; a discard or write after the views were taken never makes
+// them show another range's data; errors are ReadAt's.
+func TestRAMViewAt(t *testing.T) {
+	r, err := NewRAM(4*ramChunkSize, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	data := make([]byte, 2*ramChunkSize)
+	for i := range data {
+		data[i] = byte(i*7 + 1)
+	}
+	if _, err := r.WriteAt(data, ramChunkSize); err != nil { // chunks 1 and 2
+		t.Fatal(err)
+	}
+	views := make([][]byte, 0, 4)
+	off, n := int64(ramChunkSize/2), 3*ramChunkSize // chunk 0 (zeroes) .. chunk 3 (zeroes)
+	k, ok, err := r.ViewAt(views, off, n)
+	if err != nil || !ok || k != 4 {
+		t.Fatalf("ViewAt: %d views, ok %v, %v; want 4, true", k, ok, err)
+	}
+	want := make([]byte, n)
+	if _, err := r.ReadAt(want, off); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	for _, v := range views[:k] {
+		got = append(got, v...)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("views differ from ReadAt")
+	}
+	if &views[:k][1][0] != &r.chunks[1].Load().data[0] {
+		t.Fatal("a written chunk was copied, not lent")
+	}
+	if a := testing.AllocsPerRun(100, func() { r.ViewAt(views, off, n) }); a != 0 {
+		t.Errorf("ViewAt: %v allocs/op", a)
+	}
+	if _, ok, err := r.ViewAt(views[:0:3], off, n); ok || err != nil {
+		t.Fatalf("4 pieces into room for 3: ok %v, %v; want false, nil", ok, err)
+	}
+
+	// Taken, then the range is discarded and written again: the views keep the old bytes
+	// (the new write goes to a new chunk), never anything else.
+	k, _, _ = r.ViewAt(views, ramChunkSize, ramChunkSize)
+	v := views[:k]
+	old := append([]byte(nil), v[0]...)
+	if err := r.Discard(ramChunkSize, ramChunkSize); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.WriteAt(bytes.Repeat([]byte{0xee}, ramChunkSize), ramChunkSize); err != nil {
+		t.Fatal(err)
+	}
+	if k != 1 || !bytes.Equal(v[0], old) {
+		t.Fatal("a view changed after its chunk was discarded and the range written anew")
+	}
+
+	if _, _, err := r.ViewAt(views, 4*ramChunkSize-10, 11); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("past the end: %v, want ErrOutOfRange", err)
+	}
+}

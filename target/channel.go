@@ -112,6 +112,11 @@ type channel struct {
 	remInv  bool
 	maxDesc int
 	maxXfer int
+	// hostSGE: the device sends process memory as it lies (transport.SGE.Host), so a READ from
+	// a LUN that lends its memory (RAM) goes out of it without the copy into the request
+	// slot (Command.DataInViews).
+	hostSGE bool
+	rwSGEs  int // the SGEs of a request slot's own RW context
 
 	// receive ring
 	nRecv      int
@@ -899,7 +904,7 @@ func (ch *channel) kickSQ() {
 // SEND of a response). False if the transfer cannot be described at all.
 func (ch *channel) prepareRW(c *ioCtx, dir frpool.RWDir, extra int) bool {
 	c.rw = c.own
-	nwr, err := c.rw.Init(dir, c.local[:], c.remote)
+	nwr, err := c.rw.Init(dir, c.local[:c.nlocal], c.remote)
 	switch {
 	case err == nil:
 		c.nwr = nwr + extra
@@ -924,7 +929,7 @@ func (ch *channel) takeBig(c *ioCtx) bool {
 	if c.withRW {
 		dir = frpool.RWWrite
 	}
-	nwr, err := rw.Init(dir, c.local[:], c.remote)
+	nwr, err := rw.Init(dir, c.local[:c.nlocal], c.remote)
 	if err != nil { // cannot happen: large contexts hold maxWR work requests
 		ch.log.Error("preparing a large RDMA transfer", zap.Error(err))
 		return false

@@ -200,7 +200,7 @@ func (ch *channel) fetchTables(c *ioCtx) {
 // postRead prepares the RDMA READ of c.remote into n bytes of local memory at addr and posts it
 // (or queues it for send-queue room).
 func (ch *channel) postRead(c *ioCtx, addr uint64, n uint32, next cstate) {
-	c.local[0] = transport.SGE{Addr: addr, Length: n, LKey: ch.lkey}
+	c.local[0], c.nlocal = transport.SGE{Addr: addr, Length: n, LKey: ch.lkey}, 1
 	c.withRW = false
 	if !ch.prepareRW(c, frpool.RWRead, 0) { // cannot happen: sized for MaxDescriptors, MaxTransfer
 		ch.failAdmitted(c, &senseNoResources)
@@ -279,8 +279,12 @@ func (ch *channel) failAdmitted(c *ioCtx, s *scsi.Sense) {
 // or has it executed here and now (fast LUNs, see lunQueue). Data-in goes straight into the
 // request slot's data buffer, in the registered memory the RDMA WRITEs send from.
 func (ch *channel) ready(c *ioCtx) {
+	c.cmd.DataInViews = nil
 	if !c.cdbErr && c.info.Dir == scsi.DirIn {
 		c.cmd.DataIn = c.data[:c.info.Length]
+		if ch.hostSGE {
+			c.cmd.DataInViews = c.views[:0]
+		}
 	}
 	c.state = csExec
 	switch c.lq.ready(c) {
@@ -337,7 +341,7 @@ func (ch *channel) respondCmd(c *ioCtx) {
 	c.withRW, c.nwr = r.xferIn > 0, 1
 	if c.withRW {
 		c.remote = c.in.segments(c.remote[:0], r.xferIn)
-		c.local[0] = transport.SGE{Addr: c.dataAddr, Length: r.xferIn, LKey: ch.lkey}
+		ch.dataInSource(c, r.xferIn)
 	}
 	inv, invOK := uint32(0), false
 	if ch.remInv {
@@ -382,6 +386,38 @@ func (ch *channel) respondCmd(c *ioCtx) {
 	}
 	ch.account(c, st, r.xferIn, r.xferOut)
 	ch.postChain(c, csSend)
+}
+
+// dataInSource sets c.local to the n bytes of data-in: the backend's memory as it lies when
+// the LUN lent it (Result.DataInViews) and the transfer stays within the request slot's own RW
+// context (every piece an SGE of its own: views + remote descriptors - 1 at most; and as many
+// work requests as without views), else the
+// request slot's data buffer, into which lent views are then copied.
+func (ch *channel) dataInSource(c *ioCtx, n uint32) {
+	views := c.res.DataInViews
+	c.res.DataInViews = nil
+	if views != nil && !c.hasPre && len(views)+len(c.remote) <= ch.rwSGEs {
+		k := 0
+		for _, v := range views {
+			if n == 0 {
+				break
+			}
+			v = v[:min(uint32(len(v)), n)]
+			c.local[k] = transport.SGE{Host: v, Length: uint32(len(v))}
+			n -= uint32(len(v))
+			k++
+		}
+		c.nlocal = k
+		ch.stats.lentReads.Add(1)
+		return
+	}
+	if views != nil && !c.hasPre {
+		off := 0
+		for _, v := range views {
+			off += copy(c.data[off:], v)
+		}
+	}
+	c.local[0], c.nlocal = transport.SGE{Addr: c.dataAddr, Length: n, LKey: ch.lkey}, 1
 }
 
 // invalidateKey returns the key the response may invalidate at the initiator (remote

@@ -114,7 +114,9 @@ type ioCtx struct {
 	own     *frpool.RWCtx
 	needBig bool
 	remote  []frpool.RemoteSeg
-	local   [1]transport.SGE
+	local   [1 + maxViews]transport.SGE
+	nlocal  int // SGEs of local in use
+	views   [maxViews][]byte
 	sendWR  [1]transport.SendWR
 	sendSGE [1]transport.SGE
 	chain   frpool.Chain // the SRP_RSP alone (no data-in)
@@ -123,6 +125,11 @@ type ioCtx struct {
 	sqUsed  int          // send-queue slots held by the post in flight
 	sqNextW *ioCtx       // send-queue wait FIFO
 }
+
+// maxViews bounds the pieces of backend memory a READ's data-in may be sent from
+// (scsi.Command.DataInViews: a RAM LUN's 64 KiB chunks; 8 cover 448 KiB); a READ needing more is
+// copied into the request slot.
+const maxViews = 8
 
 // RWDone implements frpool.RWOwner: the transfer of c.rw completed (or failed). The pool calls
 // it from HandleSendCompletion (or Recover), i.e. on the channel's loop goroutine.

@@ -98,6 +98,12 @@ func (g *gateBackend) ReadAt(p []byte, off int64) (int, error) {
 	return g.RAM.ReadAt(p, off)
 }
 
+// ViewAt goes through the gate too: a READ offered views (a softroce device) reads with it.
+func (g *gateBackend) ViewAt(views [][]byte, off int64, n int) (int, bool, error) {
+	g.wait(off)
+	return g.RAM.ViewAt(views, off, n)
+}
+
 func (g *gateBackend) WriteAt(p []byte, off int64) (int, error) {
 	g.wait(off)
 	return g.RAM.WriteAt(p, off)

@@ -144,7 +144,7 @@ func TestRandomIO(t *testing.T) {
 			rng = rand.New(rand.NewPCG(seed, 8))
 			const inflight = 6
 			const region = 4 << 20 // each in-flight slot has its own LBA range
-			total := 0
+			total, reads, bigReads := 0, 0, 0
 			for done := 0; done < ops; {
 				batch := make([]*xfer, 0, inflight)
 				in.resetHeap()
@@ -166,6 +166,12 @@ func TestRandomIO(t *testing.T) {
 						x.mode = modeDirect
 					}
 					in.issue(x, 1+rng.IntN(24), rng)
+					if !x.write {
+						reads++
+						if size*testBlock > maxViews<<16 {
+							bigReads++ // more 64 KiB RAM chunks than views: copied into the slot
+						}
+					}
 					batch = append(batch, x)
 					total += size * testBlock
 				}
@@ -180,6 +186,13 @@ func TestRandomIO(t *testing.T) {
 				e.la.FaultStats().Dropped+e.lb.FaultStats().Dropped)
 			if st.Errors != 0 || st.BadCommands != 0 {
 				t.Fatalf("stats %+v", st)
+			}
+			// The LUNs are RAM and softroce sends process memory: READs go out of the LUN's
+			// memory as it lies, except those needing more pieces than a request slot holds
+			// (their data, as every byte read, matched the model above).
+			t.Logf("%d reads, %d of them over more than %d RAM chunks; %d lent", reads, bigReads, maxViews, st.LentReads)
+			if st.LentReads == 0 || st.LentReads > uint64(reads-bigReads) {
+				t.Fatalf("%d READs sent from the LUN's memory, want between 1 and %d", st.LentReads, reads-bigReads)
 			}
 		})
 	}

@@ -56,6 +56,8 @@ func (t *Target) newChannel(dev transport.Device, s *session, id uint64, d *Logi
 		tiLen:   tiLen,
 		immOff:  d.ImmDataOffset,
 		remInv:  d.Rsp.Ext&srp.ExtRemoteInvalidate != 0,
+		hostSGE: attr.HostSGE,
+		rwSGEs:  smallWR,
 		maxDesc: maxDesc,
 		maxXfer: lim.MaxTransfer,
 		nRecv:   nRecv,

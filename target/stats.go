@@ -50,6 +50,10 @@ type ChannelStats struct {
 	// than a request slot's own RW context holds (rwSmall) and borrowed a large one.
 	RWTransfers  uint64
 	BigTransfers uint64
+	// LentReads counts the READs whose data-in was sent from the LUN's memory as it lies (a
+	// RAM LUN on a device that takes process memory as a source: no copy into the request
+	// slot; scsi.Command.DataInViews).
+	LentReads uint64
 	// KeepAlives counts keep-alive probes sent (Limits.KeepAliveInterval); Stalls the
 	// commands found stalled on the transport (Limits.StallTimeout).
 	KeepAlives uint64
@@ -73,7 +77,7 @@ type chanCounters struct {
 	ius, commands, cmdErrors, badCmds, immCmds, extTables, remoteInv atomic.Uint64
 	taskMgmt, tmFailed, tmAborted, lunResets, aborted, overruns      atomic.Uint64
 	parked, dropped, sqWaits, bytesIn, bytesOut, credReqs            atomic.Uint64
-	bigRW                                                            atomic.Uint64
+	bigRW, lentReads                                                 atomic.Uint64
 	tlogouts, ilogouts, badIUs, errors                               atomic.Uint64
 	reqLim, pending                                                  atomic.Int64
 	returned                                                         atomic.Uint64
@@ -97,7 +101,7 @@ func (ch *channel) snapshot() ChannelStats {
 		BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load(), CredReqs: c.credReqs.Load(),
 		TLogouts: c.tlogouts.Load(), ILogouts: c.ilogouts.Load(), BadIUs: c.badIUs.Load(),
 		Errors: c.errors.Load(), CreditsGiven: c.returned.Load(),
-		RWTransfers: ch.pool.Stats().RWTransfers, BigTransfers: c.bigRW.Load(),
+		RWTransfers: ch.pool.Stats().RWTransfers, BigTransfers: c.bigRW.Load(), LentReads: c.lentReads.Load(),
 		KeepAlives: c.keepAlives.Load(), Stalls: c.stalls.Load(),
 		Responses: c.responses.Load(), ResponseLatencyNS: c.rspLatNS.Load(), ResetUAs: c.resetUAs.Load(),
 	}

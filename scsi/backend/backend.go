@@ -119,3 +119,7 @@ type Viewer interface {
 	// a WRITE overlapped it, which SAM allows (see scsi's Atomicity note).
 	ViewAt(views [][]byte, off int64, n int) (k int, ok bool, err error)
 }
+
+// As with Nonblocking, Go promotes ViewAt through embedding: a type that embeds a RAM backend
+// and changes how it reads (a wrapper that times, gates or fails reads) must declare ViewAt
+// itself, or READs offered views bypass its ReadAt.

@@ -95,9 +95,18 @@
 // the context (RWRead; the pool posts them in waves of at most max_rd_atomic and calls RWDone once
 // the last wave completed); data-in is RDMA WRITEs with the SRP_RSP SEND chained after them
 // (RWWrite with a response: one all-or-nothing post, only the SEND signaled); a response without
-// data-in and the control IUs are plain chains (Pool.Post). The local side is always the slot's
-// data buffer (or table buffer) in the channel's one registered memory area, given with its lkey,
-// so no MR is registered per I/O and the pool's own MR (it needs one) is never used. Send-queue
+// data-in and the control IUs are plain chains (Pool.Post). The local side is the slot's data
+// buffer (or table buffer) in the channel's one registered memory area, given with its lkey, so
+// no MR is registered per I/O and the pool's own MR (it needs one) is never used. One exception:
+// on a device that takes process memory as a source (transport.DeviceAttr.HostSGE: softroce), a
+// READ from a LUN that lends its memory (backend.Viewer: RAM) is answered from that memory as it
+// lies — the slot offers room for maxViews views (scsi.Command.DataInViews) and the RDMA WRITEs
+// take them as SGE.Host sources, so the data is not copied into the slot first (to an srpd
+// initiator without ICRC, softroce then hands the pieces to the kernel by reference: no copy in
+// the process at all). A READ whose views do not fit the slot's own RW context is copied into
+// the slot as before; ChannelStats.LentReads counts the others. The views are valid while the
+// request slot holds them (the RAM backend never reuses a chunk's memory for another range);
+// their bytes follow writes that overlap the READ, which SAM allows (scsi's Atomicity note). Send-queue
 // slots are accounted by the channel as well, conservatively (a chain's slots come back when it has
 // completed), so that the pool never refuses a chain and the control IUs always find their two
 // reserved slots: a chain that does not fit waits in FIFO order instead. Send completions go to

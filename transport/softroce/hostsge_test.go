@@ -16,25 +16,26 @@ import (
 func TestHostSGE(t *testing.T) {
 	type pair struct {
 		a, b  *node
-		byRef bool
+		byRef bool // to the link by reference
+		loop  bool // to the loopback queue by reference
 	}
 	opts := nodeOpts{memSize: 4 << 20, inline: 64}
 	paths := map[string]func(t *testing.T) pair{
 		"pipe": func(t *testing.T) pair {
 			a, b, _, _ := newPipePair(t, pipeDefault(), opts)
 			connect(a, b, connOpts{})
-			return pair{a, b, false}
+			return pair{a, b, false, false}
 		},
 		"loopback": func(t *testing.T) pair {
 			a, other, _, _ := newPipePair(t, pipeDefault(), opts)
 			other.close()
 			b := newNodeOn(t, a.dev, opts)
 			connect(a, b, connOpts{})
-			return pair{a, b, false}
+			return pair{a, b, false, true}
 		},
 		"udp-no-icrc": func(t *testing.T) pair {
 			a, b, _, _ := udpPair(t, false, false, true, opts)
-			return pair{a, b, true}
+			return pair{a, b, true, false}
 		},
 	}
 	for name, mk := range paths {
@@ -54,7 +55,7 @@ func TestHostSGE(t *testing.T) {
 			fill(a.bytes(0, 1001), 13)
 			want := append(append(append([]byte(nil), h1...), a.bytes(0, 1001)...), h2...)
 			clear(b.bytes(0, len(want)))
-			refs := a.dev.Stats().TxRefPackets
+			refs, loopRefs := a.dev.Stats().TxRefPackets, a.dev.Stats().LoopRefPackets
 			mustPostSend(t, a.qp, []transport.SendWR{{ID: 1, Opcode: transport.WRRDMAWrite, Flags: transport.SendSignaled,
 				SGL:        []transport.SGE{{Host: h1, Length: uint32(len(h1))}, a.sge(0, 1001), {Host: h2, Length: uint32(len(h2))}},
 				RemoteAddr: b.mem.Addr(), RKey: b.mr.RKey()}})
@@ -64,6 +65,12 @@ func TestHostSGE(t *testing.T) {
 			}
 			if got := a.dev.Stats().TxRefPackets - refs; p.byRef != (got > 0) {
 				t.Fatalf("packets with their payload by reference: %d (want some: %v)", got, p.byRef)
+			}
+			// On the loopback path the 4 KiB packets inside h1 and h2 (15 of 17) keep their
+			// payload in place; the one across the registered piece and the last (1001 bytes,
+			// pad) are copied.
+			if got := a.dev.Stats().LoopRefPackets - loopRefs; p.loop != (got >= 15) || (!p.loop && got != 0) {
+				t.Fatalf("loopback packets by reference: %d (want ≥ 15: %v)", got, p.loop)
 			}
 
 			// A SEND (and an inline one) from host memory into a receive buffer.

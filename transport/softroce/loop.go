@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/srpd/srpd/transport/softroce/link"
+	"github.com/srpd/srpd/transport/softroce/wire"
 )
 
 // Loopback, as rxe does it (torvalds/linux:drivers/infiniband/sw/rxe/rxe_net.c: rxe_prepare
@@ -126,10 +127,17 @@ func (d *Device) loopSend(pkts []link.Packet, pool [][]byte) []link.Packet {
 			drops++
 			continue
 		}
-		plen := len(p.Buf)
+		plen := p.Len()
 		var ref loopRef
 		ncopy := plen
-		if plen > loopRefByte && p.Buf[loopRefByte]&loopRefFlag != 0 {
+		if p.Payload != nil {
+			// A payload of process memory by reference (gatherRef): the headers are copied,
+			// the payload is kept beside them (their buffer has room for it: full size).
+			ncopy = len(p.Buf) - wire.ICRCLen
+			ref.n, ref.seg[0] = 1, refSeg{len: uint64(len(p.Payload)), host: p.Payload}
+			nref++
+			refBytes += uint64(len(p.Payload))
+		} else if plen > loopRefByte && p.Buf[loopRefByte]&loopRefFlag != 0 {
 			hdr, pl, ok := ref.get(p.Buf)
 			if !ok {
 				// Never (our own builders encoded it): lost, as a bad packet would be.

@@ -63,6 +63,9 @@ type loopRef struct {
 type refSeg struct {
 	addr uint64
 	len  uint64
+	// host, when not nil, is the piece itself: process memory (SGE.Host) that has no device
+	// address; set by loopSend from link.Packet.Payload, never encoded.
+	host []byte
 }
 
 // add appends [addr, addr+n), merging it with the last range when contiguous; false when the
@@ -77,7 +80,7 @@ func (r *loopRef) add(addr uint64, n uint64) bool {
 	if r.n == maxRefSegs {
 		return false
 	}
-	r.seg[r.n] = refSeg{addr, n}
+	r.seg[r.n] = refSeg{addr: addr, len: n}
 	r.n++
 	return true
 }
@@ -147,19 +150,28 @@ func (m *mr) refRange(r *loopRef, va uint64, n uint64) bool {
 
 // gatherRef is gather for a packet carried by reference: n bytes of w's data from message
 // offset off, through the SGL with the same lkey check of every SGE touched, recorded in r
-// instead of copied. ok false: protection error. r.n == 0 with ok: more than maxRefSegs
-// ranges (the caller copies). Not for inline data (already copied at post time). dev.mu held.
-func (q *qp) gatherRef(w *sendWQE, off, n uint32, r *loopRef) (ok bool) {
+// instead of copied, or, when they are one piece of process memory (SGE.Host) of a length
+// needing no pad, returned as host (the packet carries it as link.Packet.Payload, which
+// loopSend keeps beside the headers). ok false: protection error. r.n == 0 and host nil with
+// ok: more than maxRefSegs ranges, or host memory in pieces (the caller copies). Not for inline
+// data (already copied at post time). dev.mu held.
+func (q *qp) gatherRef(w *sendWQE, off, n uint32, r *loopRef) (ok bool, host []byte) {
 	it := sglIter{sgl: w.wr.SGL, off: off, n: n}
 	for {
-		m, va, host, k, ok := q.nextSGE(&it)
+		m, va, h, k, ok := q.nextSGE(&it)
 		if k == 0 {
-			return ok
+			return ok, nil
 		}
-		if host != nil || !m.refRange(r, va, uint64(k)) {
-			// Host memory has no device address (SGE.Host), or too many ranges: copied.
+		if h != nil {
+			if k == n && n%4 == 0 {
+				return true, h
+			}
+			r.n = 0 // host memory in pieces, or with pad bytes: copied
+			return true, nil
+		}
+		if !m.refRange(r, va, uint64(k)) {
 			r.n = 0
-			return true
+			return true, nil
 		}
 	}
 }
@@ -169,6 +181,10 @@ func (q *qp) gatherRef(w *sendWQE, off, n uint32, r *loopRef) (ok bool) {
 // after the packet was built): the packet must be dropped. dev.mu held.
 func (d *Device) resolveRef(r *loopRef, src [][]byte) bool {
 	for i := 0; i < r.n; i++ {
+		if h := r.seg[i].host; h != nil {
+			src[i] = h // kept alive by the reference; the WR it comes from has not completed
+			continue
+		}
 		b, _ := d.mem.slice(r.seg[i].addr, r.seg[i].len)
 		if b == nil {
 			return false

@@ -208,16 +208,19 @@ func (q *qp) sendData(pkts []link.Packet, buf []byte, w *sendWQE, now time.Time)
 	if ie := p.IETH(); ie != nil {
 		ie.SetRKey(w.wr.InvalidateRKey)
 	}
-	var payload []byte // carried by reference on the link (linkref.go)
+	// payload is carried by reference in the link.Packet: to the link (linkref.go), or to the
+	// loopback queue when it is one piece of process memory (SGE.Host, loopref.go).
+	var payload []byte
+	toLink := false
 	if n > 0 {
 		ok, byRef := true, false
 		if payload, ok = q.linkRef(w, w.sent, n); payload != nil {
-			byRef = true
+			byRef, toLink = true, true
 		} else if ok && w.wr.Flags&transport.SendInline == 0 && q.byRef(n) {
 			// To the device itself: the receiver copies from the SGL's memory (loopref.go).
 			var r loopRef
-			ok = q.gatherRef(w, w.sent, n, &r)
-			if byRef = ok && r.n > 0; byRef {
+			ok, payload = q.gatherRef(w, w.sent, n, &r)
+			if byRef = ok && (r.n > 0 || payload != nil); byRef && payload == nil {
 				r.put(p)
 			}
 		}
@@ -241,11 +244,14 @@ func (q *qp) sendData(pkts []link.Packet, buf []byte, w *sendWQE, now time.Time)
 	pkts = q.sent(pkts, p, psn, q.req.psn, now)
 	if payload != nil {
 		// The link sends the headers, the payload from the MR, then the (zero) ICRC field:
-		// what follows the headers in buf stands in for that field.
+		// what follows the headers in buf stands in for that field. loopSend takes the
+		// headers and keeps the payload beside them.
 		lp := &pkts[len(pkts)-1]
 		lp.Buf = lp.Buf[:p.HeaderLen()+wire.ICRCLen]
 		lp.Payload = payload
-		q.dev.refOut.Add(1)
+		if toLink {
+			q.dev.refOut.Add(1)
+		}
 	}
 	return pkts
 }

@@ -586,6 +586,16 @@ func TestUDPCloseReleasesSocket(t *testing.T) {
 	}
 }
 
+// waiverPair returns two UDP links on 127.0.0.1 (GSO and GRO as gso), b waiving the ICRC for
+// QP 0x11, and b's address.
+func waiverPair(t *testing.T, gso bool) (a, b *UDP, dst netip.AddrPort) {
+	t.Helper()
+	opts := UDPOptions{GSO: gso, GRO: gso}
+	a, b = listen(t, lo4, opts), listen(t, lo4, opts)
+	b.WaiveICRC(func(qpn uint32) bool { return qpn == 0x11 })
+	return a, b, b.LocalAddrPort()
+}
+
 // TestUDPWaiveICRC: a NoICRC packet leaves with a zero ICRC field (also inside a GSO
 // super-packet); the receiving link accepts a zero field unchecked only for a destination QP
 // its predicate waives, and checks everything else as before: a zero field to another QP and
@@ -594,10 +604,7 @@ func TestUDPCloseReleasesSocket(t *testing.T) {
 func TestUDPWaiveICRC(t *testing.T) {
 	for _, gso := range []bool{false, true} {
 		t.Run(fmt.Sprintf("gso=%v", gso), func(t *testing.T) {
-			opts := UDPOptions{GSO: gso, GRO: gso}
-			a, b := listen(t, lo4, opts), listen(t, lo4, opts)
-			b.WaiveICRC(func(qpn uint32) bool { return qpn == 0x11 })
-			dst := b.LocalAddrPort()
+			a, b, dst := waiverPair(t, gso)
 			var pkts []Packet
 			for i := range 4 {
 				p := mkSend(t, dst, uint32(i), 256)
@@ -674,13 +681,13 @@ func byRef(t testing.TB, p Packet) Packet {
 	return q
 }
 
+// Packets with their payload by reference (Packet.Payload: headers, payload, ICRC field as
+// three iovecs) arrive as the same packets flat, alone or in GSO messages mixed with flat ones,
+// and count their whole length; without NoICRC or with pad bytes they are refused.
 func TestUDPPayloadByRef(t *testing.T) {
 	for _, gso := range []bool{false, true} {
 		t.Run(fmt.Sprintf("gso=%v", gso), func(t *testing.T) {
-			opts := UDPOptions{GSO: gso, GRO: gso}
-			a, b := listen(t, lo4, opts), listen(t, lo4, opts)
-			b.WaiveICRC(func(qpn uint32) bool { return qpn == 0x11 })
-			dst := b.LocalAddrPort()
+			a, b, dst := waiverPair(t, gso)
 			// Equal sizes (GSO puts them in one message, pieces and flat packets mixed), then
 			// a shorter one by reference that ends the message.
 			var flat, pkts []Packet

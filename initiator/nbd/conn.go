@@ -222,6 +222,38 @@ func (c *conn) drain() {
 	close(c.stop)
 }
 
+// discardMax bounds what discardUnread reads and drops.
+const discardMax = 1 << 20
+
+// discardUnread reads and drops, without waiting, what the client sent after the requests a
+// drain left unread. Closing a socket with unread data resets the connection instead of ending
+// it: an AF_UNIX peer's next read fails with ECONNRESET, a TCP peer gets an RST, which can make
+// it drop replies it has not read yet (torvalds/linux:net/unix/af_unix.c unix_release_sock,
+// net/ipv4/tcp.c __tcp_close). After a drain the client must see its replies, then the end of
+// the stream. At most discardMax bytes; a socket without a raw descriptor is left as it is.
+func (c *conn) discardUnread() {
+	sc, ok := c.nc.(syscall.Conn)
+	if !ok {
+		return
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	c.nc.SetReadDeadline(time.Time{}) // drain's deadline in the past would refuse the read
+	var buf [4096]byte
+	_ = rc.Read(func(fd uintptr) bool {
+		for n := 0; n < discardMax; {
+			k, err := syscall.Read(int(fd), buf[:])
+			if k <= 0 || err != nil {
+				break // EAGAIN (nothing more queued), EOF or an error: done either way
+			}
+			n += k
+		}
+		return true // never wait for more
+	})
+}
+
 // kill cancels the requests in flight and closes the socket.
 func (c *conn) kill() {
 	c.cancel()

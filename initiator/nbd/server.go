@@ -637,6 +637,12 @@ func (s *Server) run(c *conn, logEnd bool) (err error) {
 				c.log.Debug("connection closed")
 			}
 		}
+		c.dlMu.Lock()
+		drained := c.draining && !c.broken.Load()
+		c.dlMu.Unlock()
+		if drained {
+			c.discardUnread()
+		}
 		c.nc.Close()
 		c.cancel()
 		s.mu.Lock()

@@ -448,6 +448,11 @@ func TestConnWindow(t *testing.T) {
 		c.send(cmdRead, 0, h, 0, 64<<10, nil)
 	}
 	waitFor(t, "two reads in the device", func() bool { return f.disk.active.Load() == 2 })
+	// One more while the read loop waits for the window: it stays unread in the socket. The
+	// server must still end the stream (EOF), not reset it (ECONNRESET), after its replies.
+	time.Sleep(20 * time.Millisecond)
+	c.send(cmdRead, 0, 3, 0, 64<<10, nil)
+	time.Sleep(20 * time.Millisecond)
 	done := make(chan error)
 	go func() { done <- f.ts.RemoveExport(context.Background(), "disk") }()
 	time.Sleep(20 * time.Millisecond)

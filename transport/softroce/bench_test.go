@@ -101,7 +101,7 @@ func benchRDMA(b *testing.B, size int, op transport.WROpcode, lo link.UDPOptions
 
 // benchRDMANoICRC is benchRDMA with GSO and GRO, the ICRC waived both ways and payloads by
 // reference on or off (copy).
-func benchRDMANoICRC(b *testing.B, size int, op transport.WROpcode, copy bool) {
+func benchRDMANoICRC(b *testing.B, size int, op transport.WROpcode, copied bool) {
 	la, lb := ListenUDPPair(b, loopback4, loopback4, link.UDPOptions{GSO: true, GRO: true})
 	o := nodeOpts{memSize: 2 * benchDepth * size, sqDepth: 64, cqDepth: 256}
 	na, nb := newNode(b, la, o), newNode(b, lb, o)
@@ -110,12 +110,12 @@ func benchRDMANoICRC(b *testing.B, size int, op transport.WROpcode, copy bool) {
 		for _, n := range []*node{na, nb} {
 			n.dev.mu.Lock()
 			n.qp.(*qp).setNoICRC(true)
-			n.dev.copyPayloads = copy
+			n.dev.copyPayloads = copied
 			n.dev.mu.Unlock()
 		}
 	})
-	if s := na.dev.Stats(); (s.TxRefPackets == 0) != copy || s.ICRCWaived+nb.dev.Stats().ICRCWaived == 0 {
-		b.Fatalf("payloads by reference %d (copy %v), ICRC waived %d + %d", s.TxRefPackets, copy, s.ICRCWaived, nb.dev.Stats().ICRCWaived)
+	if s := na.dev.Stats(); (s.TxRefPackets == 0) != copied || s.ICRCWaived+nb.dev.Stats().ICRCWaived == 0 {
+		b.Fatalf("payloads by reference %d (copied %v), ICRC waived %d + %d", s.TxRefPackets, copied, s.ICRCWaived, nb.dev.Stats().ICRCWaived)
 	}
 }
 

@@ -164,7 +164,7 @@ type Device struct {
 	held     heldPosts
 	deadline time.Time
 	// Payloads by reference on the link (linkref.go): refOut counts the packets built with a
-	// Payload that have not been through sendFrom yet; dead holds the memory freed while some
+	// Payload for the link that have not been through sendFrom yet; dead holds the memory freed while some
 	// were out (mu; deadN its length, for sendFrom); sendsDone is set once Close has stopped
 	// every sender (mu).
 	refOut    atomic.Int64

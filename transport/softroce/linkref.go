@@ -34,8 +34,10 @@ import (
 // after it is released (held by post brackets, rxPend while completion handlers run, or just
 // the time between building and sendmmsg). Memory.Free must not let such a packet read
 // unmapped memory, or memory mapped again at the same address (another allocation's bytes
-// sent to the peer). refOut counts the packets built with a Payload and not yet through
-// sendFrom (incremented under mu when built, decremented after the link's Send returned):
+// sent to the peer). refOut counts the packets built with a Payload for the link and not
+// yet through sendFrom (incremented under mu when built, decremented after the link's Send
+// returned; loopback packets with a Payload of process memory are not counted: loopSend takes
+// them, and no device memory is involved):
 // when it is zero under mu, no such packet exists, and Free unmaps at once. Otherwise Free
 // maps the range again as PROT_NONE (the pages are released at once and the address stays
 // reserved, so nothing else is mapped there: a late send fails with EFAULT and the packet is

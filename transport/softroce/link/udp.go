@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -132,6 +133,11 @@ func newMmsgState(n, iovPer int) mmsgState {
 // ephemeral port, UDPPort is the RoCEv2 port). The link uses one socket and one family: an IPv6
 // link is IPV6_V6ONLY. ctx bounds the socket setup only.
 func ListenUDP(ctx context.Context, addr netip.AddrPort, opts UDPOptions) (*UDP, error) {
+	return listenUDP(ctx, addr, opts, false)
+}
+
+// listenUDP is ListenUDP; reuse sets SO_REUSEPORT before the bind (ListenUDPQueues).
+func listenUDP(ctx context.Context, addr netip.AddrPort, opts UDPOptions, reuse bool) (*UDP, error) {
 	a := addr.Addr().Unmap()
 	if !a.IsValid() {
 		return nil, ErrAddress
@@ -159,7 +165,7 @@ func ListenUDP(ctx context.Context, addr netip.AddrPort, opts UDPOptions) (*UDP,
 	var sockErr error
 	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 		err := c.Control(func(fd uintptr) {
-			sockErr = setupSocket(int(fd), is4, ttl, sockBuf, &gro)
+			sockErr = setupSocket(int(fd), is4, ttl, sockBuf, &gro, reuse)
 		})
 		if err != nil {
 			return err
@@ -203,8 +209,13 @@ func ListenUDP(ctx context.Context, addr netip.AddrPort, opts UDPOptions) (*UDP,
 	return u, nil
 }
 
-func setupSocket(fd int, is4 bool, ttl, sockBuf int, gro *bool) error {
+func setupSocket(fd int, is4 bool, ttl, sockBuf int, gro *bool, reuse bool) error {
 	set := func(level, opt, v int) error { return unix.SetsockoptInt(fd, level, opt, v) }
+	if reuse {
+		if err := set(unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+			return fmt.Errorf("SO_REUSEPORT: %w", err)
+		}
+	}
 	if set(unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, sockBuf) != nil {
 		_ = set(unix.SOL_SOCKET, unix.SO_RCVBUF, sockBuf)
 	}

@@ -15,3 +15,8 @@ type UDP struct{ Link }
 func ListenUDP(ctx context.Context, addr netip.AddrPort, opts UDPOptions) (*UDP, error) {
 	return nil, errors.ErrUnsupported
 }
+
+// ListenUDPQueues is implemented on Linux only.
+func ListenUDPQueues(ctx context.Context, addr netip.AddrPort, opts UDPOptions, n int) ([]*UDP, error) {
+	return nil, errors.ErrUnsupported
+}

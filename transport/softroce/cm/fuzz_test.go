@@ -61,6 +61,14 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 		_, _, _ = ParseServiceID(binary.BigEndian.Uint64(append(bytes.Clone(b), make([]byte, 8)...)))
+		// Steer: only a MAD that Check accepts; a REQ by its local QPN.
+		if key, byQPN, ok := Steer(b); ok && err != nil {
+			t.Errorf("Steer ok on a MAD Check refuses (%v)", err)
+			return
+		} else if ok && byQPN != (m.AttributeID() == AttrREQ) || ok && byQPN && key != REQ(m).LocalQPN() {
+			t.Errorf("Steer %#x byQPN %v for %s", key, byQPN, AttrName(m.AttributeID()))
+			return
+		}
 		if err != nil {
 			return
 		}

@@ -63,6 +63,8 @@ type simnet struct {
 	dup  func(p *packet) int
 	// trace of every MAD delivered / dropped
 	trace []string
+	// tap, if set, sees every MAD before its receiver handles it.
+	tap func(p *packet, to *node)
 }
 
 func newNet(t tb) *simnet {
@@ -221,6 +223,9 @@ func (s *simnet) step(limit time.Duration) bool {
 		s.trace = append(s.trace, fmt.Sprintf("%v %v->%v %s", s.now, p.from, p.to, AttrName(be16(p.mad[16:]))))
 		if n == nil {
 			continue
+		}
+		if s.tap != nil {
+			s.tap(&p, n)
 		}
 		if err := n.m.HandleMAD(s.now, p.from, p.to, p.mad[:], &n.out); err != nil {
 			s.t.Fatalf("%s: HandleMAD: %v", n.name, err)

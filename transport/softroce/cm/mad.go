@@ -165,3 +165,26 @@ func be64(b []byte) uint64       { return binary.BigEndian.Uint64(b) }
 func putBE16(b []byte, v uint16) { binary.BigEndian.PutUint16(b, v) }
 func putBE32(b []byte, v uint32) { binary.BigEndian.PutUint32(b, v) }
 func putBE64(b []byte, v uint64) { binary.BigEndian.PutUint64(b, v) }
+
+// Steer returns what decides which queue of a multi-queue device handles mad (the payload of a
+// UD SEND to QP1): for a REQ, the sender's QP number (byQPN), so that when both ends are
+// multi-queue devices with as many queues, a connection's two QPs have the same queue index
+// and its packets the same path through both; for a message of an existing connection (REP,
+// RTU, REJ, MRA, DREQ, DREP, LAP, APR), its Remote Comm ID, which is one of our comm IDs and
+// so in the residue class of the queue that made it (Config.CommIDMod). ok is false for
+// anything else (SIDR, other classes, a malformed MAD), which queue 0 handles. Offsets:
+// torvalds/linux:drivers/infiniband/core/cm_msgs.h (REQ local QPN at body offset 32, the
+// remote comm ID at 4 in every connection message), plus the 24-byte MAD header.
+func Steer(mad []byte) (key uint32, byQPN, ok bool) {
+	b, err := Check(mad)
+	if err != nil {
+		return 0, false, false
+	}
+	switch b.AttributeID() {
+	case AttrREQ:
+		return REQ(b).LocalQPN(), true, true
+	case AttrREP, AttrRTU, AttrREJ, AttrMRA, AttrDREQ, AttrDREP, AttrLAP, AttrAPR:
+		return commIDs(b).RemoteCommID(), false, true
+	}
+	return 0, false, false
+}

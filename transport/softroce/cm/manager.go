@@ -3,6 +3,7 @@ package cm
 import (
 	"cmp"
 	crand "crypto/rand"
+	"math"
 	"math/rand/v2"
 	"net/netip"
 	"time"
@@ -106,6 +107,11 @@ type Config struct {
 	// Rand is the source of comm IDs, starting PSNs and RDMA CM ports. nil means a ChaCha8
 	// generator seeded from crypto/rand. Tests pass a seeded source for determinism.
 	Rand rand.Source
+	// CommIDMod and CommIDRem put every local comm ID in a residue class: id % CommIDMod ==
+	// CommIDRem (0 or 1: any). A multi-queue device gives each queue's Manager its own class,
+	// so that a MAD naming one of our comm IDs reaches the queue that owns the connection
+	// (Steer). The IDs stay random within the class.
+	CommIDMod, CommIDRem uint32
 }
 
 func (c *Config) setDefaults() {
@@ -166,7 +172,7 @@ type Manager struct {
 
 // NewManager returns a Manager. cfg.GUID must be non-zero.
 func NewManager(cfg Config) (*Manager, error) {
-	if cfg.GUID == 0 {
+	if cfg.GUID == 0 || (cfg.CommIDMod > 1 && cfg.CommIDRem >= cfg.CommIDMod) {
 		return nil, ErrInvalidArgument
 	}
 	cfg.setDefaults()
@@ -296,9 +302,15 @@ func (m *Manager) psn() uint32 { return uint32(m.rng.Uint64()) & 0xFFFFFF }
 // newCommID returns a random, non-zero comm ID not used by any connection held (cm.c XORs an
 // allocated id with a random operand; the effect on the wire is a random-looking non-zero ID).
 func (m *Manager) newCommID() ConnID {
+	mod, rem := uint64(m.cfg.CommIDMod), uint64(m.cfg.CommIDRem)
 	for {
-		id := ConnID(m.rng.Uint32())
-		if id != 0 && m.conns[id] == nil {
+		v := uint64(m.rng.Uint32())
+		if mod > 1 {
+			if v = v - v%mod + rem; v > math.MaxUint32 {
+				continue
+			}
+		}
+		if id := ConnID(v); id != 0 && m.conns[id] == nil {
 			return id
 		}
 	}

@@ -125,7 +125,6 @@ type Device struct {
 	sendMu  sync.Mutex
 	closing bool // no new posts
 	closed  bool
-	mem     memMap
 	mrs     []*mr // index → MR; [0] always nil
 	freeMR  []uint32
 	qps     map[uint32]*qp
@@ -163,14 +162,9 @@ type Device struct {
 	// held are the packets of posts made inside BeginPosts/EndPosts brackets (postbatch.go).
 	held     heldPosts
 	deadline time.Time
-	// Payloads by reference on the link (linkref.go): refOut counts the packets built with a
-	// Payload for the link that have not been through sendFrom yet; dead holds the memory freed while some
-	// were out (mu; deadN its length, for sendFrom); sendsDone is set once Close has stopped
-	// every sender (mu).
-	refOut    atomic.Int64
-	dead      [][]byte
-	deadN     atomic.Int32
-	sendsDone bool
+	// ms is the device memory (the group's, for a queue of a multi-queue device), with what
+	// payloads by reference on the link need of it (linkref.go).
+	ms *memSpace
 	// copyPayloads turns payloads by reference off (benchmarks compare).
 	copyPayloads bool
 	kick         chan struct{}
@@ -210,6 +204,7 @@ func Open(cfg Config) (*Device, error) {
 	if d.name == "" {
 		d.name = defaultName
 	}
+	d.ms = &memSpace{devs: []*Device{d}}
 	if w, ok := cfg.Link.(link.ICRCWaiver); ok && !cfg.KeepICRC {
 		d.waiver = true
 		w.WaiveICRC(d.icrcWaived)
@@ -320,14 +315,16 @@ func (d *Device) AllocMemory(n int) (transport.Memory, error) {
 	if err != nil {
 		return nil, fmt.Errorf("alloc memory: mmap %d bytes: %w", n, err)
 	}
-	r := &region{dev: d, buf: buf}
+	r := &region{ms: d.ms, buf: buf}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
 		_ = unix.Munmap(buf)
 		return nil, transport.ErrClosed
 	}
-	d.mem.add(r)
+	d.ms.mu.Lock()
+	d.ms.mm.add(r)
+	d.ms.mu.Unlock()
 	d.mu.Unlock()
 	return memory{r}, nil
 }
@@ -420,10 +417,10 @@ drain:
 	d.sendMu.Unlock() //nolint:staticcheck // a barrier
 	err := d.lnk.Close()
 	d.wg.Wait()
-	d.mu.Lock()
-	d.sendsDone = true
-	d.reapDead()
-	d.mu.Unlock()
+	d.ms.mu.Lock()
+	d.ms.closed++
+	d.ms.reapDead()
+	d.ms.mu.Unlock()
 	if drainErr != nil {
 		return fmt.Errorf("close %s: drain: %w", d.name, drainErr)
 	}
@@ -835,8 +832,8 @@ func (d *Device) txLoop() {
 			}
 			continue
 		}
-		if d.deadN.Load() > 0 {
-			d.reapDead()
+		if d.ms.deadN.Load() > 0 {
+			d.ms.reap()
 		}
 		pkts = d.transmit(pkts[:0], bufs, now)
 		pkts = d.cmTx(pkts)

@@ -84,37 +84,48 @@ func (d *Device) countRefs(pkts []link.Packet) int64 {
 // (sent or dropped). When that leaves none out and freed memory waits, the transmit loop is
 // woken to unmap it (this goroutine holds sendMu and may not take mu).
 func (d *Device) sentRefs(n int64) {
-	if d.refOut.Add(-n) == 0 && d.deadN.Load() > 0 {
+	if ms := d.ms; ms.refOut.Add(-n) == 0 && ms.deadN.Load() > 0 {
 		d.wake()
 	}
 }
 
 // unmap releases a freed region's memory: at once when no packet may still point into it,
-// otherwise later (see above). dev.mu held.
-func (d *Device) unmap(buf []byte) error {
-	if d.refOut.Load() == 0 || d.sendsDone {
-		d.reapDead()
+// otherwise later (see above). ms.mu held.
+func (ms *memSpace) unmap(buf []byte) error {
+	if ms.refOut.Load() == 0 || ms.sendsDone() {
+		ms.reapDead()
 		return unix.Munmap(buf)
 	}
 	// Release the pages now and keep the addresses reserved. Should this fail, the memory
 	// stays mapped (and readable) until reapDead: nothing is lost but the pages' early return.
 	_, _ = unix.MmapPtr(-1, 0, unsafe.Pointer(&buf[0]), uintptr(len(buf)), unix.PROT_NONE,
 		unix.MAP_FIXED|unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
-	d.dead = append(d.dead, buf)
-	d.deadN.Store(int32(len(d.dead)))
+	ms.dead = append(ms.dead, buf)
+	ms.deadN.Store(int32(len(ms.dead)))
 	return nil
 }
 
+// sendsDone reports whether every device sharing the space has stopped its senders. ms.mu
+// held.
+func (ms *memSpace) sendsDone() bool { return ms.closed >= len(ms.devs) }
+
 // reapDead unmaps the freed memory kept for packets that were still out, once none is.
-// dev.mu held.
-func (d *Device) reapDead() {
-	if len(d.dead) == 0 || (d.refOut.Load() != 0 && !d.sendsDone) {
+// ms.mu held.
+func (ms *memSpace) reapDead() {
+	if len(ms.dead) == 0 || (ms.refOut.Load() != 0 && !ms.sendsDone()) {
 		return
 	}
-	for i, b := range d.dead {
+	for i, b := range ms.dead {
 		_ = unix.Munmap(b) // the mapping of AllocMemory (or its PROT_NONE stand-in): cannot fail
-		d.dead[i] = nil
+		ms.dead[i] = nil
 	}
-	d.dead = d.dead[:0]
-	d.deadN.Store(0)
+	ms.dead = ms.dead[:0]
+	ms.deadN.Store(0)
+}
+
+// reap is reapDead for a holder of a device's mu.
+func (ms *memSpace) reap() {
+	ms.mu.Lock()
+	ms.reapDead()
+	ms.mu.Unlock()
 }

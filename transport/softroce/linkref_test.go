@@ -33,9 +33,9 @@ func mapping(t *testing.T, addr uintptr) string {
 }
 
 func deadLen(d *Device) int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return len(d.dead)
+	d.ms.mu.Lock()
+	defer d.ms.mu.Unlock()
+	return len(d.ms.dead)
 }
 
 // Memory freed while packets that carry its bytes by reference wait to be sent (held by a post
@@ -89,7 +89,7 @@ func TestLinkRefFreeWhileOut(t *testing.T) {
 	mustPostSend(t, a.qp, []transport.SendWR{{ID: 9, Opcode: transport.WRRDMAWrite, Flags: transport.SendSignaled,
 		SGL:        []transport.SGE{{Addr: m.Addr(), Length: n, LKey: mr.LKey()}},
 		RemoteAddr: b.mem.Addr(), RKey: b.mr.RKey()}})
-	if out := a.dev.refOut.Load(); out != 4 {
+	if out := a.dev.ms.refOut.Load(); out != 4 {
 		a.dev.EndPosts()
 		t.Fatalf("16 KiB WRITE held in a bracket: %d packets out by reference, want 4", out)
 	}
@@ -106,9 +106,9 @@ func TestLinkRefFreeWhileOut(t *testing.T) {
 		t.Fatalf("freed with 4 packets out: %d regions kept (want 1), mapping %q (want ---p: pages released, addresses reserved)", k, p)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for deadLen(a.dev) != 0 || a.dev.refOut.Load() != 0 {
+	for deadLen(a.dev) != 0 || a.dev.ms.refOut.Load() != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("5 s after the bracket ended: %d regions kept, %d packets out", deadLen(a.dev), a.dev.refOut.Load())
+			t.Fatalf("5 s after the bracket ended: %d regions kept, %d packets out", deadLen(a.dev), a.dev.ms.refOut.Load())
 		}
 		time.Sleep(time.Millisecond)
 	}

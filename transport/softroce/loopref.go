@@ -185,7 +185,9 @@ func (d *Device) resolveRef(r *loopRef, src [][]byte) bool {
 			src[i] = h // kept alive by the reference; the WR it comes from has not completed
 			continue
 		}
-		b, _ := d.mem.slice(r.seg[i].addr, r.seg[i].len)
+		d.ms.mu.Lock()
+		b, _ := d.ms.mm.slice(r.seg[i].addr, r.seg[i].len)
+		d.ms.mu.Unlock()
 		if b == nil {
 			return false
 		}

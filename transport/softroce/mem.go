@@ -2,6 +2,8 @@ package softroce
 
 import (
 	"fmt"
+	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -18,9 +20,32 @@ const (
 	guardGap    = 1 << 20
 )
 
+// memSpace is device memory: the regions AllocMemory maps, their device addresses, and the
+// freed memory that waits for packets still pointing into it (linkref.go). A device has its
+// own; the devices of a group (the queues of one multi-queue device, group.go) share one, as
+// any queue may register any of the group's memory. Its mutex is taken after a device's mu,
+// never before, and guards the map, every region's buf and users, and dead. Free also holds
+// the mu of every device sharing the space (in order), as the devices use memory under their
+// own mu only: the loopback path resolves a payload reference and copies from it under it.
+
+type memSpace struct {
+	mu sync.Mutex
+	mm memMap
+	// refOut counts the packets built with a Payload of this memory for the link and not yet
+	// through sendFrom, on every device sharing it (linkref.go).
+	refOut atomic.Int64
+	dead   [][]byte     // freed while packets were out (mu)
+	deadN  atomic.Int32 // len(dead), read without mu
+	// devs are the devices sharing the space (set before any is used) and closed the number
+	// whose senders have all stopped (Close): once all have, nothing can read freed memory
+	// any more (mu).
+	devs   []*Device
+	closed int
+}
+
 // region is one Memory allocation: an mmap'd buffer and its device address range.
 type region struct {
-	dev  *Device
+	ms   *memSpace
 	base uint64 // device address of buf[0]
 	buf  []byte // the mmap'd bytes; nil after Free
 	// users counts regular MRs over the region and VALID fast-reg MRs with a page in it.
@@ -35,22 +60,33 @@ func (m memory) Addr() uint64  { return m.r.base }
 func (m memory) Len() int      { return len(m.r.buf) }
 
 func (m memory) Free() error {
-	d := m.r.dev
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	ms := m.r.ms
+	for _, d := range ms.devs {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+	}
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
 	if m.r.buf == nil {
 		return transport.ErrClosed
 	}
 	if m.r.users > 0 {
 		return fmt.Errorf("free memory at %#x: %d MRs use it: %w", m.r.base, m.r.users, transport.ErrBusy)
 	}
-	d.mem.remove(m.r)
+	ms.mm.remove(m.r)
 	buf := m.r.buf
 	m.r.buf = nil
-	return d.unmap(buf)
+	return ms.unmap(buf)
 }
 
 // memMap is the device's sorted set of regions.
+// holds reports whether [addr, addr+n) lies in one region of the space.
+func (ms *memSpace) holds(addr, n uint64) bool {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	return ms.mm.find(addr, n) != nil
+}
+
 type memMap struct {
 	regions []*region // sorted by base
 	next    uint64    // next base address

@@ -82,6 +82,9 @@ func (m *mr) Close() error {
 
 // release drops the MR's hold on memory regions (invalidate / deregister).
 func (m *mr) release() {
+	ms := m.dev.ms
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
 	if m.fast {
 		if m.state == transport.MRValid {
 			for i, r := range m.pageRegs {
@@ -160,7 +163,10 @@ func (p *pd) RegMR(addr, length uint64, access transport.Access) (transport.MR, 
 	if length == 0 || length > d.attr.MaxMRSize {
 		return nil, fmt.Errorf("register MR of %d bytes: %w", length, transport.ErrInvalidArgument)
 	}
-	b, r := d.mem.slice(addr, length)
+	ms := d.ms
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	b, r := ms.mm.slice(addr, length)
 	if r == nil {
 		return nil, fmt.Errorf("register MR [%#x, +%d): %w", addr, length, transport.ErrBadAddress)
 	}
@@ -279,13 +285,16 @@ func (d *Device) regMR(p *pd, w *transport.RegMRWR) transport.WCStatus {
 	if w.Length > uint64(len(w.Pages))*ps-off || (len(w.Pages) == 0 && w.Length != 0) {
 		return transport.WCLocQPOpErr
 	}
+	ms := d.ms
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
 	for _, a := range w.Pages {
-		if a&(ps-1) != 0 || d.mem.find(a, ps) == nil {
+		if a&(ps-1) != 0 || ms.mm.find(a, ps) == nil {
 			return transport.WCLocProtErr
 		}
 	}
 	for _, a := range w.Pages {
-		b, r := d.mem.slice(a, ps)
+		b, r := ms.mm.slice(a, ps)
 		r.users++
 		m.pageAddrs = append(m.pageAddrs, a)
 		m.pageBufs = append(m.pageBufs, b)

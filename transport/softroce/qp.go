@@ -585,7 +585,9 @@ func (q *qp) postSend(wrs []transport.SendWR) (queued bool, err error) {
 			for _, s := range wr.SGL {
 				b := s.Host
 				if b == nil {
-					b, _ = d.mem.slice(s.Addr, uint64(s.Length))
+					d.ms.mu.Lock()
+					b, _ = d.ms.mm.slice(s.Addr, uint64(s.Length))
+					d.ms.mu.Unlock()
 				}
 				w.inline = append(w.inline, b...)
 			}
@@ -638,7 +640,7 @@ func (q *qp) validateSend(i int, wr *transport.SendWR) error {
 				return postErr(i, wr.ID, transport.ErrInlineTooLong, fmt.Sprintf("%d > %d", n, q.cap.MaxInlineData))
 			}
 			for _, s := range wr.SGL {
-				if s.Host == nil && q.dev.mem.find(s.Addr, uint64(s.Length)) == nil {
+				if s.Host == nil && !q.dev.ms.holds(s.Addr, uint64(s.Length)) {
 					return postErr(i, wr.ID, transport.ErrBadAddress, "inline SGE")
 				}
 			}

@@ -250,7 +250,7 @@ func (q *qp) sendData(pkts []link.Packet, buf []byte, w *sendWQE, now time.Time)
 		lp.Buf = lp.Buf[:p.HeaderLen()+wire.ICRCLen]
 		lp.Payload = payload
 		if toLink {
-			q.dev.refOut.Add(1)
+			q.dev.ms.refOut.Add(1)
 		}
 	}
 	return pkts

@@ -185,6 +185,9 @@ type ConnRequestInfo struct {
 	RNRRetryCount      uint8
 	FlowControl        bool
 	SRQ                bool
+	// Device is the device the request arrived on, where the QP that accepts it must be
+	// created: a queue of a multi-queue device (Queuer). nil: the listener's device.
+	Device Device
 }
 
 // ConnRequest is an incoming connection request handed out by a Listener. Exactly one of

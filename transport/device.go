@@ -100,6 +100,26 @@ type Device interface {
 	Close(ctx context.Context) error
 }
 
+// Queuer is implemented by a device with several queues, as a NIC has receive queues and
+// completion vectors (softroce with more than one UDP socket): each queue is a Device of its
+// own, with its own QPs, CQs, PDs and MRs, that shares the memory (AllocMemory) of the others;
+// two queues process their QPs' packets in parallel. A ULP places each channel (its PD, CQs,
+// QP and MRs) on one queue, round robin. Queues()[0] is the device itself.
+type Queuer interface {
+	Queues() []Device
+}
+
+// QueueFor returns the device of queue i (mod their number) of dev: dev itself when it has
+// one queue.
+func QueueFor(dev Device, i int) Device {
+	if q, ok := dev.(Queuer); ok {
+		if qs := q.Queues(); len(qs) > 0 {
+			return qs[((i%len(qs))+len(qs))%len(qs)]
+		}
+	}
+	return dev
+}
+
 // Memory is a device-visible buffer off the Go heap (ib_dma_map'd memory).
 type Memory interface {
 	// Bytes is the CPU view of the whole buffer. It is invalid after Free.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/srpd/srpd/transport"
@@ -108,34 +109,61 @@ func (r *cmConn) Disconnect(privateData []byte) error {
 	return cmErr("disconnect", err)
 }
 
-// Listen implements transport.ConnManager.
+// Listen implements transport.ConnManager (on queue 0 of a multi-queue device: on every
+// queue).
 func (d *Device) Listen(addr netip.Addr, port uint16) (transport.Listener, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closing {
-		return nil, transport.ErrClosed
-	}
-	if addr.IsValid() && !addr.IsUnspecified() && !d.isLocal(addr) {
-		return nil, fmt.Errorf("listen on %v: not an address of %s: %w", addr, d.name, transport.ErrInvalidArgument)
-	}
-	c := d.cm
-	if err := c.mgr.Listen(addr, port); err != nil {
-		return nil, cmErr(fmt.Sprintf("listen on %v port %d", addr, port), err)
+	if d.leads() {
+		return d.groupListen(addr, port)
 	}
 	l := &listener{dev: d, addr: addr, port: port, ch: make(chan *connRequest, ListenBacklog),
-		done: make(chan struct{})}
-	c.listeners[mkListenKey(addr, port)] = l
+		done: make(chan struct{}), devs: []*Device{d}}
+	if err := d.register(l); err != nil {
+		return nil, err
+	}
 	return l, nil
 }
 
-// listener implements transport.Listener.
+// register makes l the listener of its address and port on d's CM.
+func (d *Device) register(l *listener) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closing {
+		return transport.ErrClosed
+	}
+	addr, port := l.addr, l.port
+	if addr.IsValid() && !addr.IsUnspecified() && !d.isLocal(addr) {
+		return fmt.Errorf("listen on %v: not an address of %s: %w", addr, d.name, transport.ErrInvalidArgument)
+	}
+	c := d.cm
+	if err := c.mgr.Listen(addr, port); err != nil {
+		return cmErr(fmt.Sprintf("listen on %v port %d", addr, port), err)
+	}
+	c.listeners[mkListenKey(addr, port)] = l
+	return nil
+}
+
+// unregister undoes register: no request reaches l from d any more.
+func (d *Device) unregister(l *listener) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := d.cm
+	if c.listeners[mkListenKey(l.addr, l.port)] == l {
+		delete(c.listeners, mkListenKey(l.addr, l.port))
+		_ = c.mgr.Unlisten(l.addr, l.port)
+	}
+}
+
+// listener implements transport.Listener. A multi-queue device's listener is registered with
+// every queue (devs), whose requests share its queue ch; a request is guarded by the mu of
+// its own queue (r.rec.dev).
 type listener struct {
-	dev    *Device
+	dev    *Device   // the device Listen was called on
+	devs   []*Device // the devices it is registered with
 	addr   netip.Addr
 	port   uint16
 	ch     chan *connRequest
 	done   chan struct{}
-	closed bool // dev.mu
+	closed atomic.Bool
 }
 
 func (l *listener) Addr() netip.AddrPort {
@@ -152,9 +180,10 @@ func (l *listener) Accept(ctx context.Context) (transport.ConnRequest, error) {
 	for {
 		select {
 		case r := <-l.ch:
-			d.mu.Lock()
+			rd := r.rec.dev
+			rd.mu.Lock()
 			dead := r.dead
-			d.mu.Unlock()
+			rd.mu.Unlock()
 			if dead {
 				continue
 			}
@@ -171,33 +200,40 @@ func (l *listener) Accept(ctx context.Context) (transport.ConnRequest, error) {
 
 // Close implements transport.Listener: no more requests; those queued are rejected (reason 28).
 func (l *listener) Close() error {
-	d := l.dev
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if l.closed {
+	if l.closed.Swap(true) {
 		return transport.ErrClosed
 	}
-	l.closed = true
 	close(l.done)
-	c := d.cm
-	delete(c.listeners, mkListenKey(l.addr, l.port))
-	_ = c.mgr.Unlisten(l.addr, l.port)
+	// Once unregistered everywhere (under each queue's mu, which delivery holds), no request
+	// joins ch any more: those in it are all there is to refuse.
+	for _, d := range l.devs {
+		d.unregister(l)
+	}
 	for {
 		select {
 		case r := <-l.ch:
-			if r.answered || r.dead {
-				continue
-			}
-			r.answered = true
-			_ = c.call(func(now time.Duration, out *cm.Outputs) error {
-				return c.mgr.Reject(now, r.rec.id, transport.RejectConsumerDefined, nil, out)
-			})
-			c.drop(r.rec)
+			l.refuse(r)
 			continue
 		default:
 		}
 		return nil
 	}
+}
+
+// refuse rejects a request Accept never returned (reason 28, consumer defined).
+func (l *listener) refuse(r *connRequest) {
+	d := r.rec.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r.answered || r.dead {
+		return
+	}
+	r.answered = true
+	c := d.cm
+	_ = c.call(func(now time.Duration, out *cm.Outputs) error {
+		return c.mgr.Reject(now, r.rec.id, transport.RejectConsumerDefined, nil, out)
+	})
+	c.drop(r.rec)
 }
 
 // connRequest implements transport.ConnRequest.
@@ -335,8 +371,16 @@ func (r *connRequest) MRA(serviceTimeout uint8, privateData []byte) error {
 // Dial implements transport.ConnManager. The REQ goes to remote's IP at UDP 4791 (or the port
 // set with SetPeerUDPPort) from the device address of remote's family (for a wildcard-bound
 // device: the source address the host routes remote from), offering the device's MTU capped
-// by the local interface's (Config.MTU).
+// by the local interface's (Config.MTU). On a multi-queue device, the queue of the QP dials.
 func (d *Device) Dial(ctx context.Context, remote netip.AddrPort, tqp transport.QP, privateData []byte, param transport.ConnParam) (transport.CMConn, error) {
+	if d.grp != nil {
+		return d.groupDial(ctx, remote, tqp, privateData, param)
+	}
+	return d.dial(ctx, remote, tqp, privateData, param)
+}
+
+// dial is Dial from this device.
+func (d *Device) dial(ctx context.Context, remote netip.AddrPort, tqp transport.QP, privateData []byte, param transport.ConnParam) (transport.CMConn, error) {
 	q, err := d.cmQP(tqp)
 	if err != nil {
 		return nil, fmt.Errorf("dial %v: %w", remote, err)

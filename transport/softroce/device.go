@@ -81,6 +81,11 @@ type Config struct {
 	// other, instead of handing them to the device's own receive path (loop.go). Set it to see
 	// such traffic in a capture of the link.
 	NoLoopback bool
+	// Queues are more receive queues, for a multi-queue device (group.go): links bound to
+	// Link's address and port whose kernel steers every packet to the queue of its
+	// destination QP (link.ListenUDPQueues; Link is queue 0). Each queue is a device of its
+	// own, with its goroutines, its lock and its QPs, sharing the others' memory.
+	Queues []link.Link
 	// KeepICRC computes and checks the ICRC of every packet, also with an srpd peer. Without
 	// it, a device whose link can waive the ICRC (link.ICRCWaiver: UDP, covered by the UDP
 	// checksum) offers an srpd peer to leave it out in both directions (CM ECE, cmapi.go), which
@@ -113,6 +118,10 @@ type Device struct {
 	gids   []transport.GID
 	port   uint16
 	cm     *cmState // connection management over QP1 (qp1.go, cmapi.go)
+	// grp is the multi-queue device the device is queue qidx of nq (group.go); nil, 0, 0
+	// for a device of one queue.
+	grp      *group
+	qidx, nq int
 
 	mu sync.Mutex
 	// rxMu makes the receive paths (the link's receive loop, the loopback loop) take turns
@@ -180,8 +189,22 @@ const (
 	bufSize = link.MaxPacket
 )
 
-// Open creates a device over cfg.Link and starts its goroutines.
+// Open creates a device over cfg.Link and starts its goroutines; with Config.Queues, a
+// multi-queue device (group.go), of which the returned device is queue 0.
 func Open(cfg Config) (*Device, error) {
+	if len(cfg.Queues) > 0 {
+		return openGroup(cfg)
+	}
+	d, err := newDevice(cfg, nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	d.start()
+	return d, nil
+}
+
+// newDevice builds a device, queue qidx of g when g is not nil, without starting it.
+func newDevice(cfg Config, g *group, qidx int) (*Device, error) {
 	if cfg.Link == nil {
 		return nil, fmt.Errorf("softroce: no link: %w", transport.ErrInvalidArgument)
 	}
@@ -204,7 +227,12 @@ func Open(cfg Config) (*Device, error) {
 	if d.name == "" {
 		d.name = defaultName
 	}
-	d.ms = &memSpace{devs: []*Device{d}}
+	if g != nil {
+		d.grp, d.qidx, d.nq = g, qidx, len(g.devs)
+		d.ms = g.ms
+	} else {
+		d.ms = &memSpace{devs: []*Device{d}}
+	}
 	if w, ok := cfg.Link.(link.ICRCWaiver); ok && !cfg.KeepICRC {
 		d.waiver = true
 		w.WaiveICRC(d.icrcWaived)
@@ -264,11 +292,15 @@ func Open(cfg Config) (*Device, error) {
 	d.log.Debug("device open", zap.Stringers("addrs", d.addrs))
 	d.cm = newCMState(d)
 	d.loop.init(cfg.NoLoopback)
+	return d, nil
+}
+
+// start starts the device's goroutines.
+func (d *Device) start() {
 	d.wg.Add(3)
 	go d.rxLoop()
 	go d.txLoop()
 	go d.loopLoop()
-	return d, nil
 }
 
 // Name implements transport.Device.
@@ -283,8 +315,17 @@ func (d *Device) GIDs() []transport.GID { return append([]transport.GID(nil), d.
 // Addrs implements transport.Device.
 func (d *Device) Addrs() []netip.AddrPort { return append([]netip.AddrPort(nil), d.addrs...) }
 
-// Stats returns a snapshot of the device's counters.
+// Stats returns a snapshot of the device's counters (a multi-queue device's queue 0: the sum
+// over its queues; QueueStats has each).
 func (d *Device) Stats() Stats {
+	if d.leads() {
+		return d.groupStats()
+	}
+	return d.queueStats()
+}
+
+// queueStats is Stats for the device alone.
+func (d *Device) queueStats() Stats {
 	s := d.stats.snapshot()
 	ls := d.lnk.Stats()
 	s.ICRCDrops = ls.RxICRCDrops
@@ -381,8 +422,20 @@ func (d *Device) CreateCQ(entries int) (transport.CQ, error) {
 // Close implements transport.Device: no new work is accepted; outstanding send work and queued
 // CM MADs (a DREQ sent just before Close) are given until ctx is done to complete (drain); then
 // every QP moves to ERR (flushing what remains), the link is closed and both goroutines exit.
-// It returns ctx's error if the drain was cut short.
+// It returns ctx's error if the drain was cut short. Queue 0 of a multi-queue device closes
+// every queue; the other queues close only with it.
 func (d *Device) Close(ctx context.Context) error {
+	switch {
+	case d.leads():
+		return d.closeGroup(ctx)
+	case d.grp != nil:
+		return fmt.Errorf("close %s: a queue closes with its device (queue 0): %w", d.name, transport.ErrInvalidArgument)
+	}
+	return d.closeQueue(ctx)
+}
+
+// closeQueue is Close for the device alone.
+func (d *Device) closeQueue(ctx context.Context) error {
 	d.mu.Lock()
 	if d.closing {
 		d.mu.Unlock()
@@ -943,6 +996,12 @@ func (d *Device) input(pk *link.Packet, ref *loopRef, now time.Time) {
 	}
 	q := d.qps[bth.DestQP()]
 	if q == nil {
+		if d.grp != nil {
+			if o := link.QueueOf(bth.DestQP(), d.nq); o != d.qidx {
+				d.forward(o, pk) // another queue's QP (a GRO super-packet of mixed QPs)
+				return
+			}
+		}
 		d.stats.dropped.Add(1)
 		return
 	}
@@ -985,7 +1044,12 @@ func (d *Device) touch(q *qp) {
 }
 
 // icrcWaived is the link's ICRCWaiver predicate: QP qpn negotiated packets without ICRC.
+// On a multi-queue device a queue may receive another queue's packet (a GRO super-packet is
+// steered by its first segment): the QP's own queue knows.
 func (d *Device) icrcWaived(qpn uint32) bool {
+	if d.grp != nil {
+		d = d.grp.devs[link.QueueOf(qpn, d.nq)]
+	}
 	_, ok := d.waived.Load(qpn)
 	return ok
 }

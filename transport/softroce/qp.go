@@ -211,7 +211,8 @@ func (p *pd) CreateQP(ia transport.QPInitAttr) (transport.QP, error) {
 	if len(d.qps) >= d.attr.MaxQP {
 		return nil, transport.ErrNoResources
 	}
-	for d.qps[d.nextQPN] != nil || d.nextQPN < 2 {
+	// A queue of a multi-queue device numbers its QPs in its residue class (link.QueueOf).
+	for d.qps[d.nextQPN] != nil || d.nextQPN < 2 || (d.nq > 1 && link.QueueOf(d.nextQPN, d.nq) != d.qidx) {
 		d.nextQPN = (d.nextQPN + 1) & 0xFFFFFF
 	}
 	q.qpn = d.nextQPN

@@ -115,6 +115,13 @@ func (d *Device) cmConfig(cfg cm.Config) cm.Config {
 	if cfg.MaxDestRdAtomic == 0 {
 		cfg.MaxDestRdAtomic = uint8(min(d.attr.MaxQPInitRdAtom, 255))
 	}
+	if d.grp != nil {
+		// The queues are one CA to peers; each makes comm IDs of its own class (group.go).
+		if cfg.GUID == 0 {
+			cfg.GUID = d.grp.guid
+		}
+		cfg.CommIDMod, cfg.CommIDRem = uint32(d.nq), uint32(d.qidx)
+	}
 	return cfg
 }
 
@@ -132,8 +139,24 @@ func randomGUID() uint64 {
 // ConfigureCM replaces the connection manager's configuration (timeouts, retries, GUID, ...;
 // zero fields take cm's defaults, GUID 0 a random locally administered EUI-64). It is only
 // allowed while the device has no listener and no connection (ErrBusy otherwise), typically
-// right after Open.
+// right after Open. On queue 0 of a multi-queue device it configures every queue.
 func (d *Device) ConfigureCM(cfg cm.Config) error {
+	if d.leads() {
+		if cfg.GUID == 0 {
+			cfg.GUID = d.grp.guid
+		}
+		for _, q := range d.grp.devs {
+			if err := q.configureCM(cfg); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return d.configureCM(cfg)
+}
+
+// configureCM is ConfigureCM for the device alone.
+func (d *Device) configureCM(cfg cm.Config) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closing {
@@ -161,7 +184,18 @@ func (d *Device) CMConfig() cm.Config {
 // SetPeerUDPPort records that the RoCEv2 peer at addr listens on UDP port instead of 4791 (a
 // softroce extension for several devices on one host; see transport.AddressVector.DstPort).
 // MADs and the RC packets of connections with that peer go there. Port 0 removes the entry.
+// On queue 0 of a multi-queue device it applies to every queue.
 func (d *Device) SetPeerUDPPort(addr netip.Addr, port uint16) {
+	if d.leads() {
+		for _, q := range d.grp.devs {
+			q.setPeerUDPPort(addr, port)
+		}
+		return
+	}
+	d.setPeerUDPPort(addr, port)
+}
+
+func (d *Device) setPeerUDPPort(addr netip.Addr, port uint16) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if port == 0 {
@@ -171,13 +205,24 @@ func (d *Device) SetPeerUDPPort(addr netip.Addr, port uint16) {
 	d.cm.peerPorts[addr.Unmap()] = port
 }
 
-// CMStats returns a snapshot of the QP1 counters.
+// CMStats returns a snapshot of the QP1 counters (queue 0 of a multi-queue device: the sum
+// over its queues).
 func (d *Device) CMStats() CMStats {
-	s := &d.cm.stats
-	return CMStats{
-		RxMADs: s.rxMADs.Load(), RxMalformed: s.rxMalformed.Load(), RxDropped: s.rxDropped.Load(),
-		RxBadPKey: s.rxBadPKey.Load(), RxBadQKey: s.rxBadQKey.Load(), TxMADs: s.txMADs.Load(),
+	qs := []*Device{d}
+	if d.leads() {
+		qs = d.grp.devs
 	}
+	var out CMStats
+	for _, q := range qs {
+		s := &q.cm.stats
+		out.RxMADs += s.rxMADs.Load()
+		out.RxMalformed += s.rxMalformed.Load()
+		out.RxDropped += s.rxDropped.Load()
+		out.RxBadPKey += s.rxBadPKey.Load()
+		out.RxBadQKey += s.rxBadQKey.Load()
+		out.TxMADs += s.txMADs.Load()
+	}
+	return out
 }
 
 // mnow converts an engine time to the Manager's clock.
@@ -227,6 +272,12 @@ func (d *Device) cmInput(pk *link.Packet, p wire.Packet, now time.Time) {
 		src.IsUnspecified() || !d.isLocal(dst) {
 		c.stats.rxDropped.Add(1)
 		return
+	}
+	if d.grp != nil {
+		if o := d.madQueue(p.Payload()); o != d.qidx {
+			d.forward(o, pk) // a connection of another queue (or a REQ for it)
+			return
+		}
 	}
 	if d.port != link.UDPPort && pk.Src.Port() != 0 {
 		c.learned[src] = pk.Src.Port()
@@ -478,9 +529,10 @@ func (c *cmState) request(e *cm.Event, now time.Duration, rx netip.AddrPort) {
 		local: e.Request.LocalAddr, remote: e.Request.RemoteAddr,
 	}
 	r := &connRequest{rec: rec, info: e.Request.ConnRequestInfo, ece: e.Request.ECE, pd: clone(e.PrivateData)}
+	r.info.Device = c.dev // its QP must be created here (a queue of a multi-queue device)
 	rec.req = r
 	c.conns[e.Conn] = rec
-	if lis != nil && !lis.closed {
+	if lis != nil && !lis.closed.Load() {
 		select {
 		case lis.ch <- r:
 			return

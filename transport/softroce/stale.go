@@ -21,11 +21,22 @@ type ConnIdentity struct {
 }
 
 // EstablishedConns returns the identities of the device's established RC connections (both
-// dialled and accepted), in no particular order.
+// dialled and accepted), in no particular order (queue 0 of a multi-queue device: those of
+// every queue).
 func (d *Device) EstablishedConns() []ConnIdentity {
+	if d.leads() {
+		var ids []ConnIdentity
+		for _, q := range d.grp.devs {
+			ids = q.establishedConns(ids)
+		}
+		return ids
+	}
+	return d.establishedConns(nil)
+}
+
+func (d *Device) establishedConns(ids []ConnIdentity) []ConnIdentity {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var ids []ConnIdentity
 	for id, rec := range d.cm.conns {
 		ci, ok := d.cm.mgr.Conn(id)
 		if !ok || ci.State != cm.StateEstablished {

@@ -44,6 +44,9 @@ type Stats struct {
 	// reference (and those payload bytes): read by the kernel straight from registered memory
 	// instead of copied into a packet buffer first (srpd peers without ICRC, linkref.go).
 	TxRefPackets, TxRefBytes uint64
+	// Forwarded counts the packets a queue of a multi-queue device received for a QP or a
+	// connection of another queue and handed to it (group.go).
+	Forwarded uint64
 }
 
 type counters struct {
@@ -58,6 +61,7 @@ type counters struct {
 	loopRefPackets, loopRefBytes, loopRefDrops   atomic.Uint64
 	heldPackets, heldSends                       atomic.Uint64
 	txRefPackets, txRefBytes                     atomic.Uint64
+	forwarded                                    atomic.Uint64
 }
 
 func nakIndex(code uint8) int {
@@ -82,6 +86,7 @@ func (c *counters) snapshot() Stats {
 		LoopRefDrops: c.loopRefDrops.Load(),
 		HeldPackets:  c.heldPackets.Load(), HeldSends: c.heldSends.Load(),
 		TxRefPackets: c.txRefPackets.Load(), TxRefBytes: c.txRefBytes.Load(),
+		Forwarded: c.forwarded.Load(),
 	}
 	for i := range c.naksSent {
 		s.NAKsSent[i] = c.naksSent[i].Load()

@@ -64,7 +64,9 @@
 # CHANNELS (2), INI_QD (initiator queue depth per channel, 64), OURS (our set-ups, each run in
 # the same run as its own processes: MODE[:GOMAXPROCS], MODE local (column ours), localcopy
 # (column ours-copy: local with the NBD buffers on the Go heap, copied through the initiator's
-# slot buffers, as before direct Buffers) or split (column ours-2proc), GOMAXPROCS N adds -gmpN to the column (default: Go's, the number of CPUs); default
+# slot buffers, as before direct Buffers) or split (column ours-2proc), GOMAXPROCS N adds -gmpN to the column (default: Go's, the number of CPUs); MODE/qN gives
+# our processes N softroce receive queues (config transport queues; column -qN, e.g.
+# OURS="split split/q2" for the multi-queue A/B); default
 # "local split"; MODE[:GOMAXPROCS]+FLAG[+FLAG] passes FLAGs to the NBD process, column -xN),
 # SERVERS (the columns to run, among OURS's and qemu-nbd nbdkit qemu-nbd-tcp nbdkit-tcp;
 # default all; in netns only split set-ups and the TCP servers run),
@@ -131,6 +133,12 @@ nx=0
 for spec in $OURS; do
   base=${spec%%+*}
   mode=${base%%:*}
+  q=""
+  if [[ $mode == */q* ]]; then
+    q=${mode##*/q}
+    mode=${mode%/q*}
+    [[ $q =~ ^[0-9]+$ && $q -ge 1 ]] || { echo "bench.sh: OURS entry $spec: /qN needs a queue count" >&2; exit 2; }
+  fi
   mode=${mode%@b}
   case $mode in
     local) col="ours" ;;
@@ -138,6 +146,7 @@ for spec in $OURS; do
     split) col="ours-2proc" ;;
     *) echo "bench.sh: OURS entry $spec: mode must be local, localcopy or split" >&2; exit 2 ;;
   esac
+  [[ -n $q ]] && col+=-q$q
   [[ $base == *:* ]] && col+=-gmp${base#*:}
   if [[ $base == *@b* ]]; then
     [[ -n ${BENCH_B:-} ]] || { echo "bench.sh: OURS entry $spec needs BENCH_B (a git revision)" >&2; exit 2; }
@@ -366,7 +375,7 @@ nbd_compare() {
   for s in "${our_cols[@]}"; do
     selected "$s" || continue
     spec=${our_spec[$s]}
-    # MODE[:GOMAXPROCS][+FLAG...]: FLAGs (e.g. +-read-spin=-1ns) go to the NBD process.
+    # MODE[/qN][:GOMAXPROCS][+FLAG...]: FLAGs (e.g. +-read-spin=-1ns) go to the NBD process.
     local xflags=()
     if [[ $spec == *+* ]]; then
       IFS=+ read -r -a xflags <<<"${spec#*+}"
@@ -375,6 +384,12 @@ nbd_compare() {
     mode=${spec%%:*}
     g=default
     [[ $spec == *:* ]] && g=${spec#*:}
+    # MODE/qN: N softroce receive queues in each of our processes (transport queues).
+    local qflags=()
+    if [[ $mode == */q* ]]; then
+      qflags=(-queues "${mode##*/q}")
+      mode=${mode%/q*}
+    fi
     # MODE@b: srpbench built from BENCH_B, on loopback, without the flags it may not have.
     local sb=$bin netflags=(-addr "$srv_addr" -mtu "$pmtu") ininet=(-addr "$ini_addr" -mtu "$pmtu")
     if [[ $mode == *@b ]]; then
@@ -404,7 +419,7 @@ nbd_compare() {
     if [[ $mode == local* ]]; then
       echo "== starting $s: one process, SRP target + SRP initiator + NBD on one softroce device ($CHANNELS channels, QD $INI_QD, GOMAXPROCS $g)"
       env "${genv[@]}" "$sb" nbd -local -lun-size "$SIZE" -target-qd 128 -socket "$work/$s.sock" -ready "$work/$s.nbd.ready" \
-        -channels "$CHANNELS" -qd "$INI_QD" "${bufflag[@]}" "${xflags[@]}" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
+        -channels "$CHANNELS" -qd "$INI_QD" "${qflags[@]}" "${bufflag[@]}" "${xflags[@]}" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
       npid=$!
       pids+=("$npid")
       wait_file "$work/$s.nbd.ready" "$s.nbd" "$npid"
@@ -414,13 +429,13 @@ nbd_compare() {
       echo "== starting $s: SRP target process$([[ $place == netns ]] && echo " (in namespace $ns at $srv_addr)"), SRP initiator + NBD process ($CHANNELS channels, QD $INI_QD, GOMAXPROCS $g)"
       rm -f "$work/$s.target.ready" "$work/$s.nbd.ready"
       "${nsexec[@]}" env "${genv[@]}" "$sb" target "${netflags[@]}" -ready "$work/$s.target.ready" -lun-size "$SIZE" -qd 128 \
-        "${tprof[@]}" >"$work/$s.target.log" 2>&1 &
+        "${qflags[@]}" "${tprof[@]}" >"$work/$s.target.log" 2>&1 &
       tpid=$!
       pids+=("$tpid")
       wait_file "$work/$s.target.ready" "$s.target" "$tpid"
       tudp=$(sed -n 's/.*udp=\([^ ]*\).*/\1/p' "$work/$s.target.ready")
       env "${genv[@]}" "$sb" nbd -target "$tudp" "${ininet[@]}" -socket "$work/$s.sock" -ready "$work/$s.nbd.ready" \
-        -channels "$CHANNELS" -qd "$INI_QD" "${xflags[@]}" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
+        -channels "$CHANNELS" -qd "$INI_QD" "${qflags[@]}" "${xflags[@]}" "${iprof[@]}" >"$work/$s.nbd.log" 2>&1 &
       npid=$!
       pids+=("$npid")
       wait_file "$work/$s.nbd.ready" "$s.nbd" "$npid"

@@ -59,8 +59,11 @@ var (
 // lock that guards them; the comment of each group says which file's concern it is.
 type channel struct {
 	// Set by newChannel, then read-only.
-	s       *Session
-	idx     int
+	s   *Session
+	idx int
+	// dev is the device the channel's PD, CQ, QP and memory are on: queue idx (round robin)
+	// of a multi-queue device (transport.QueueFor), so that channels use several CPUs.
+	dev     transport.Device
 	log     *zap.Logger
 	pd      transport.PD
 	cq      transport.CQ
@@ -177,6 +180,7 @@ func newChannel(s *Session, idx int) (*channel, error) {
 		stop: make(chan struct{}),
 	}
 	c.exited = make(chan struct{})
+	c.dev = transport.QueueFor(cfg.Device, idx)
 	c.mrBytes = cfg.MaxPagesPerMR * pageSize
 	c.maxRegs = min(cfg.CmdSGEntries, (cfg.MaxIOSize+c.mrBytes-1)/c.mrBytes)
 	if cfg.DisableIndirect {
@@ -189,7 +193,7 @@ func newChannel(s *Session, idx int) (*channel, error) {
 	}
 	c.nRecv = qd + nTMBufs + nTargetReqs
 	var err error
-	dev := cfg.Device
+	dev := c.dev
 	if c.pd, err = dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("initiator: channel %d: PD: %w", idx, err)
 	}

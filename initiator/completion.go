@@ -165,7 +165,7 @@ func (c *channel) initCompletions() {
 	// Commands and task management IUs are unsignaled: the pool delivers them only when they
 	// fail, and a failed completion never reaches handleWC.
 	c.cqp = cqpoll.New(cqpoll.Config{
-		CQ: c.cq, Handler: (*cqHandler)(c), Device: c.s.cfg.Device, Repolls: maxDirectRepolls,
+		CQ: c.cq, Handler: (*cqHandler)(c), Device: c.dev, Repolls: maxDirectRepolls,
 		NoEngine: c.s.cfg.NoCompletionHandler, Runs: &c.s.stats.handlerBatches,
 	})
 }

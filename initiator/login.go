@@ -231,7 +231,7 @@ func (c *channel) activate(qp transport.QP, conn transport.CMConn, p connParams)
 			}
 			c.iuMem = nil
 		}
-		m, err := c.s.cfg.Device.AllocMemory(need)
+		m, err := c.dev.AllocMemory(need)
 		if err != nil {
 			return fmt.Errorf("initiator: IU buffers: %w", err)
 		}

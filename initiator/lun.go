@@ -13,7 +13,6 @@ import (
 
 	"github.com/srpd/srpd/scsi"
 	"github.com/srpd/srpd/srp"
-	"github.com/srpd/srpd/transport"
 )
 
 // defaultMaxWriteSame bounds one WRITE SAME when the LUN reports no limit (Linux sd's
@@ -190,14 +189,14 @@ func (l *LUN) WriteAtAsync(ctx context.Context, p []byte, off int64, fua bool, d
 // EndPosts transmit is sent together. Every BeginPosts must be followed by one EndPosts, soon,
 // from a goroutine that does not wait for anything in between.
 func (l *LUN) BeginPosts() {
-	if b, ok := l.s.cfg.Device.(transport.PostBatcher); ok {
+	for _, b := range l.s.batchers {
 		b.BeginPosts()
 	}
 }
 
 // EndPosts ends a BeginPosts bracket.
 func (l *LUN) EndPosts() {
-	if b, ok := l.s.cfg.Device.(transport.PostBatcher); ok {
+	for _, b := range l.s.batchers {
 		b.EndPosts()
 	}
 }

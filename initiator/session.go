@@ -3,6 +3,7 @@ package initiator
 import (
 	"context"
 	"encoding/binary"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,9 +65,12 @@ type counters struct {
 // All methods are safe for concurrent use.
 type Session struct {
 	// Set by Dial, then read-only.
-	cfg      Config
-	log      *zap.Logger
-	chans    []*channel
+	cfg   Config
+	log   *zap.Logger
+	chans []*channel
+	// batchers are the devices of the channels (their queues) that batch posts
+	// (transport.PostBatcher): LUN.BeginPosts brackets them all.
+	batchers []transport.PostBatcher
 	iport    srp.PortID
 	epoch    time.Time       // origin of now()
 	ctx      context.Context // cancelled when the session closes or is lost
@@ -139,6 +143,9 @@ func Dial(ctx context.Context, cfg Config) (*Session, error) {
 			return nil, err
 		}
 		s.chans = append(s.chans, c)
+		if b, ok := c.dev.(transport.PostBatcher); ok && !slices.Contains(s.batchers, b) {
+			s.batchers = append(s.batchers, b)
+		}
 	}
 	// Channel 0 must log in; the others are best effort (like ib_srp, the session proceeds
 	// with the channels it got; the rest keep trying in the background).

@@ -216,6 +216,11 @@ func (t *Target) handleConnRequest(l *queuedLogin, dev transport.Device) {
 		return
 	}
 	ri := cr.Info()
+	if ri.Device != nil {
+		// A multi-queue device: the channel lives on the queue the request arrived on (that
+		// of the initiator's QP), where the transport requires its QP.
+		dev = ri.Device
+	}
 	info := ConnInfo{Local: ri.LocalAddr, Remote: ri.RemoteAddr, InitiatorDepth: ri.InitiatorDepth, DepthKnown: true}
 	var rej [srp.LoginRejLen]byte
 	req, err := ParseLoginReq(cr.PrivateData())

@@ -9,7 +9,9 @@ const (
 	DefaultDriver       = DriverSoftRoCE
 	DefaultUDPPort      = 4791 // IANA RoCEv2
 	DefaultSocketBuffer = Size(4 << 20)
-	DefaultSoftRoCEMTU  = 4096
+	// MaxQueues is the most receive queues a softroce transport may have (link.MaxQueues).
+	MaxQueues          = 64
+	DefaultSoftRoCEMTU = 4096
 	// DefaultBusyPoll is a target-only softroce transport's receive busy poll (Transport.BusyPoll).
 	DefaultBusyPoll = 50 * time.Microsecond
 	// MaxBusyPoll bounds Transport.BusyPoll.
@@ -139,6 +141,12 @@ type Transport struct {
 	// bytes, and the CRC-32 of every byte was about a tenth of both ends' CPU time at 128 KiB.
 	// Set it to read srpd-to-srpd traffic with a decoder that checks ICRCs (tshark).
 	KeepICRC bool `yaml:"keep_icrc,omitempty" json:"keep_icrc,omitempty"`
+	// Queues (softroce) is the number of receive queues, as a NIC has: UDP sockets on the one
+	// port, the kernel steering each packet to the queue of its QP, each queue processing its
+	// QPs on a goroutine of its own with a lock of its own, so that channels use several
+	// CPUs. Channels are spread over the queues round robin; kernel peers see no difference.
+	// 1..64; default 1.
+	Queues int `yaml:"queues,omitempty" json:"queues,omitempty"`
 	// PacketLifeTime (softroce) is the path packet life time the connections we dial offer
 	// (REQ), which sets our QPs' local ACK timeout (about twice it): a peer that stops
 	// answering is declared dead after 8 timeouts, failing the channel. Default: the kernel's

@@ -465,6 +465,9 @@ func (v *validator) transport(p string, t *Transport) {
 		}
 		v.rng(join(p, "udp_port"), int64(t.UDPPort), 1, 65535, "")
 		v.rng(join(p, "socket_buffer"), int64(t.SocketBuffer), 64<<10, 1<<30, " bytes")
+		if t.Queues != 0 {
+			v.rng(join(p, "queues"), int64(t.Queues), 1, MaxQueues, "")
+		}
 		if t.BusyPoll != nil && t.BusyPoll.Duration() > MaxBusyPoll {
 			v.errorf(join(p, "busy_poll"), ErrInvalid, "%v is longer than %v (each empty receive spins that long)", t.BusyPoll, MaxBusyPoll)
 		}
@@ -492,6 +495,7 @@ func (v *validator) transport(p string, t *Transport) {
 		only("busy_poll", DriverSoftRoCE, t.BusyPoll != nil)
 		only("keep_icrc", DriverSoftRoCE, t.KeepICRC)
 		only("packet_life_time", DriverSoftRoCE, t.PacketLifeTime != 0)
+		only("queues", DriverSoftRoCE, t.Queues != 0)
 	default:
 		v.errorf(join(p, "driver"), ErrInvalid, "%q must be softroce or verbs (or verbs:<device>)", t.Driver)
 	}

@@ -212,6 +212,16 @@ func (d *Daemon) collect(e *emitter) {
 		e.counter("srpd_softroce_held_sends_total", "Link sends that carried held packets.", s.HeldSends, l...)
 		e.counter("srpd_softroce_cm_mads_received_total", "Connection-management MADs received.", cm.RxMADs, l...)
 		e.counter("srpd_softroce_cm_mads_sent_total", "Connection-management MADs sent.", cm.TxMADs, l...)
+		if sd := t.SoftRoCE(); sd != nil {
+			if qs := sd.QueueStats(); len(qs) > 1 {
+				for i, q := range qs {
+					ql := []string{"transport", name, "queue", strconv.Itoa(i)}
+					e.counter("srpd_softroce_queue_rx_packets_total", "RoCEv2 packets received, by receive queue (transport queues).", q.RxPackets, ql...)
+					e.counter("srpd_softroce_queue_tx_packets_total", "RoCEv2 packets sent, by queue.", q.TxPackets, ql...)
+					e.counter("srpd_softroce_queue_forwarded_total", "Packets a queue received for another queue's QP or connection and handed over (CM MADs; GRO runs of mixed QPs).", q.Forwarded, ql...)
+				}
+			}
+		}
 	}
 
 	for _, name := range sortedKeys(d.targets) {

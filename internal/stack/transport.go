@@ -118,9 +118,15 @@ func openSoftRoCE(ctx context.Context, cfg config.Transport, o TransportOptions)
 	// (initiator and target on one host) and to srpd peers that negotiated it (CM ECE), where
 	// it cuts the per-packet stack cost (a capture on lo then shows the unsegmented
 	// super-packets); kernel rxe peers never get it.
-	lnk, err := link.ListenUDP(ctx, bind, link.UDPOptions{SocketBuffer: int(cfg.SocketBuffer), GRO: true, GSO: true, BusyPoll: o.BusyPoll})
+	lnks, err := link.ListenUDPQueues(ctx, bind, link.UDPOptions{SocketBuffer: int(cfg.SocketBuffer), GRO: true, GSO: true, BusyPoll: o.BusyPoll},
+		max(cfg.Queues, 1))
 	if err != nil {
 		return nil, fmt.Errorf("transport %s: bind UDP %v: %w", cfg.Name, bind, ListenCause(err))
+	}
+	lnk := lnks[0]
+	var queues []link.Link
+	for _, q := range lnks[1:] {
+		queues = append(queues, q)
 	}
 	var addrs []netip.AddrPort
 	if addr.IsUnspecified() {
@@ -130,10 +136,12 @@ func openSoftRoCE(ctx context.Context, cfg config.Transport, o TransportOptions)
 			addrs = append(addrs, netip.AddrPortFrom(a, lnk.LocalAddrPort().Port()))
 		}
 	}
-	dev, err := softroce.Open(softroce.Config{Name: "srpd-" + cfg.Name, Link: lnk, Addrs: addrs, Logger: log.Named("softroce"),
+	dev, err := softroce.Open(softroce.Config{Name: "srpd-" + cfg.Name, Link: lnk, Queues: queues, Addrs: addrs, Logger: log.Named("softroce"),
 		MTU: transport.MTUFromBytes(cfg.MTU), MaxQP: o.MaxQP, MaxMR: o.MaxMR, KeepICRC: cfg.KeepICRC})
 	if err != nil {
-		_ = lnk.Close()
+		for _, l := range lnks {
+			_ = l.Close()
+		}
 		return nil, fmt.Errorf("transport %s: %w", cfg.Name, err)
 	}
 	if d := time.Duration(cfg.PacketLifeTime); d > 0 {
@@ -146,7 +154,7 @@ func openSoftRoCE(ctx context.Context, cfg config.Transport, o TransportOptions)
 	}
 	t := &Transport{Config: cfg, Device: dev, CM: dev, Bound: lnk.LocalAddrPort(), log: log}
 	log.Info("transport up", zap.String("driver", cfg.Driver), zap.Stringer("udp", t.Bound), zap.Int("mtu", cfg.MTU),
-		zap.Duration("busy_poll", o.BusyPoll))
+		zap.Duration("busy_poll", o.BusyPoll), zap.Int("queues", len(lnks)))
 	return t, nil
 }
 

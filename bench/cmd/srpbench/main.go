@@ -178,8 +178,8 @@ func writeReady(path, s string) error {
 // softroce's default, 4096); softroce caps the offer by the MTU of the interface holding addr
 // as rxe does (iboe_get_mtu: a 9000-byte veth gets 4096, a 1500-byte one 1024), and the
 // accepting side takes the REQ's.
-func openDevice(ctx context.Context, name string, addr netip.Addr, mtu transport.MTU, maxMR int, busyPoll time.Duration, log *zap.Logger) (*stack.Transport, netip.AddrPort, error) {
-	tr, err := stack.OpenTransport(ctx, config.Transport{Name: name, Driver: config.DriverSoftRoCE, Address: addr.String(), MTU: mtu.Bytes()},
+func openDevice(ctx context.Context, name string, addr netip.Addr, mtu transport.MTU, maxMR int, busyPoll time.Duration, queues int, log *zap.Logger) (*stack.Transport, netip.AddrPort, error) {
+	tr, err := stack.OpenTransport(ctx, config.Transport{Name: name, Driver: config.DriverSoftRoCE, Address: addr.String(), MTU: mtu.Bytes(), Queues: queues},
 		stack.TransportOptions{Logger: log, MaxQP: 4096, MaxMR: maxMR, BusyPoll: busyPoll})
 	if err != nil {
 		return nil, netip.AddrPort{}, err
@@ -301,6 +301,7 @@ func runTarget(ctx context.Context, args []string) error {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here until shutdown")
 	memprofile := fs.String("memprofile", "", "write a heap profile (allocations since start) here at shutdown")
 	verbose := fs.Bool("v", false, "info logs (default: warnings only)")
+	queues := fs.Int("queues", 1, "softroce receive queues (config transport queues): channels are spread over them")
 	busyPoll := fs.Duration("busy-poll", config.DefaultBusyPoll, "receive busy poll of the softroce UDP socket (link.UDPOptions.BusyPoll; srpd's default for a target-only transport; 0: off)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -326,7 +327,7 @@ func runTarget(ctx context.Context, args []string) error {
 	}
 	defer stopProf()
 
-	dev, udp, err := openDevice(ctx, "bench-target", addr, mtu, 0, *busyPoll, log.Named("softroce"))
+	dev, udp, err := openDevice(ctx, "bench-target", addr, mtu, 0, *busyPoll, *queues, log.Named("softroce"))
 	if err != nil {
 		return err
 	}
@@ -360,6 +361,11 @@ func runTarget(ctx context.Context, args []string) error {
 	}
 	if sd := dev.SoftRoCE(); sd != nil {
 		fmt.Fprintf(os.Stderr, "target device: %+v\n", sd.Stats())
+		if qs := sd.QueueStats(); len(qs) > 1 {
+			for i, q := range qs {
+				fmt.Fprintf(os.Stderr, "target queue %d: rx %d tx %d packets, %d forwarded\n", i, q.RxPackets, q.TxPackets, q.Forwarded)
+			}
+		}
 	}
 	return stopTarget()
 }
@@ -492,6 +498,7 @@ func runNBD(ctx context.Context, args []string) error {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here until shutdown")
 	traceFile := fs.String("trace", "", "write a runtime execution trace (go tool trace) here until shutdown")
 	verbose := fs.Bool("v", false, "info logs (default: warnings only)")
+	queues := fs.Int("queues", 1, "softroce receive queues of the initiator's device (-local: of the one device)")
 	busyPoll := fs.Duration("busy-poll", 0, "receive busy poll of the softroce UDP socket when not -local (link.UDPOptions.BusyPoll; srpd's default for a transport that sessions use is off)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -528,7 +535,7 @@ func runNBD(ctx context.Context, args []string) error {
 			return err
 		}
 		o.portID = to.portID
-		d, udp, err := openDevice(ctx, "bench-local", addr, mtu, 0, 0, log.Named("softroce"))
+		d, udp, err := openDevice(ctx, "bench-local", addr, mtu, 0, 0, *queues, log.Named("softroce"))
 		if err != nil {
 			return err
 		}
@@ -553,7 +560,7 @@ func runNBD(ctx context.Context, args []string) error {
 				return err
 			}
 		}
-		d, _, err := openDevice(ctx, "bench-initiator", addr, mtu, 0, *busyPoll, log.Named("softroce"))
+		d, _, err := openDevice(ctx, "bench-initiator", addr, mtu, 0, *busyPoll, *queues, log.Named("softroce"))
 		if err != nil {
 			return err
 		}
@@ -617,7 +624,7 @@ func runLat(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLog(false)
-	dev, _, err := openDevice(ctx, "bench-lat", o.target.Addr(), 0, 0, 0, log.Named("softroce"))
+	dev, _, err := openDevice(ctx, "bench-lat", o.target.Addr(), 0, 0, 0, 1, log.Named("softroce"))
 	if err != nil {
 		return err
 	}
@@ -818,7 +825,7 @@ func runMem(ctx context.Context, args []string) error {
 	log := newLog(false)
 	// One device for every session (as one host's RNIC): its MR table must hold every
 	// channel's pool.
-	dev, _, err := openDevice(ctx, "bench-mem", o.target.Addr(), 0, 1<<20, 0, log.Named("softroce"))
+	dev, _, err := openDevice(ctx, "bench-mem", o.target.Addr(), 0, 1<<20, 0, 1, log.Named("softroce"))
 	if err != nil {
 		return err
 	}

@@ -97,7 +97,7 @@ func runRDMAServer(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLog(*verbose)
-	dev, udp, err := openDevice(ctx, "bench-rdma-server", addr, mtu, 0, *busyPoll, log.Named("softroce"))
+	dev, udp, err := openDevice(ctx, "bench-rdma-server", addr, mtu, 0, *busyPoll, 1, log.Named("softroce"))
 	if err != nil {
 		return err
 	}
@@ -762,7 +762,7 @@ func runRDMAStream(ctx context.Context, args []string) error {
 	}
 
 	log := newLog(false)
-	dev, _, err := openDevice(ctx, "bench-rdma-client", local, mtu, 0, 0, log.Named("softroce"))
+	dev, _, err := openDevice(ctx, "bench-rdma-client", local, mtu, 0, 0, 1, log.Named("softroce"))
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 
 // openGroupT opens a multi-queue device of n queues on addr (ephemeral port), closed when t
 // ends.
-func openGroupT(t *testing.T, addr netip.Addr, n int, lo link.UDPOptions) *Device {
+func openGroupT(t testing.TB, addr netip.Addr, n int, lo link.UDPOptions) *Device {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -149,21 +150,9 @@ func TestGroupQueues(t *testing.T) {
 		defer l.Close()
 		ctx := ctxT(t, 20*time.Second)
 		for i := range 4 {
-			x := newNodeOn(t, transport.QueueFor(d, i).(*Device), nodeOpts{})
-			dch := goDial(ctx, &node{dev: d}, a4, cmPort, x.qp, nil, rdParam)
-			req, err := l.Accept(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if k := queueIndex(d, req.Info().Device); k != i%2 {
+			x, y := connectPair(t, ctx, d, i, l, a4, nodeOpts{})
+			if k := queueIndex(d, y.dev); k != i%2 {
 				t.Fatalf("request from queue %d arrived on queue %d", i%2, k)
-			}
-			y := newNodeOn(t, req.Info().Device.(*Device), nodeOpts{})
-			if _, err := req.Accept(ctx, y.qp, nil, rdParam); err != nil {
-				t.Fatal(err)
-			}
-			if r := <-dch; r.err != nil {
-				t.Fatal(r.err)
 			}
 			rcTraffic(t, x, y, x.qp, y.qp)
 		}
@@ -245,19 +234,7 @@ func TestGroupForwardsMixedGSO(t *testing.T) {
 	var xs, ys []*node
 	queues := map[int]bool{}
 	for len(queues) < 2 {
-		x := newNodeOn(t, da, nodeOpts{})
-		dch := goDial(ctx, &node{dev: da}, b4, cmPort, x.qp, nil, rdParam)
-		req, err := l.Accept(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		y := newNodeOn(t, req.Info().Device.(*Device), nodeOpts{})
-		if _, err := req.Accept(ctx, y.qp, nil, rdParam); err != nil {
-			t.Fatal(err)
-		}
-		if r := <-dch; r.err != nil {
-			t.Fatal(r.err)
-		}
+		x, y := connectPair(t, ctx, da, 0, l, b4, nodeOpts{})
 		queues[queueIndex(db, y.dev)] = true
 		xs, ys = append(xs, x), append(ys, y)
 	}
@@ -285,4 +262,90 @@ func TestGroupForwardsMixedGSO(t *testing.T) {
 		t.Fatalf("no data packet changed queue (queues per QP %v, forwarded %v)", queues, forwards(db))
 	}
 	t.Logf("forwarded per queue:%s", forwards(db))
+}
+
+// connectPair makes a node on queue i of the dialler da and connects it through the CM to a
+// node the listener l's device creates on the queue the request arrived on.
+func connectPair(t testing.TB, ctx context.Context, da *Device, i int, l transport.Listener, to netip.Addr, o nodeOpts) (x, y *node) {
+	x = newNodeOn(t, transport.QueueFor(da, i).(*Device), o)
+	dch := goDial(ctx, &node{dev: da}, to, cmPort, x.qp, nil, rdParam)
+	req, err := l.Accept(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y = newNodeOn(t, req.Info().Device.(*Device), o)
+	if _, err := req.Accept(ctx, y.qp, nil, rdParam); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-dch; r.err != nil {
+		t.Fatal(r.err)
+	}
+	return x, y
+}
+
+// BenchmarkQueues: two QPs between two devices (two hosts on 127.0.0.1 and 127.0.0.2) with 1
+// and 2 receive queues each, a goroutine per QP keeping benchDepth 4 KiB RDMA WRITEs in flight
+// (benchstat -col /queues; the queues=2 figure needs CPUs to spare to gain). 0 allocs/op.
+func BenchmarkQueues(b *testing.B) {
+	a4, b4 := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2")
+	const size, pairs = 4096, 2
+	for _, nq := range []int{1, 2} {
+		b.Run(fmt.Sprintf("queues=%d", nq), func(b *testing.B) {
+			lo := link.UDPOptions{GRO: true, GSO: true}
+			da, db := openGroupT(b, a4, nq, lo), openGroupT(b, b4, nq, lo)
+			da.SetPeerUDPPort(b4, db.Addrs()[0].Port())
+			l, err := db.Listen(netip.Addr{}, cmPort)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			defer cancel()
+			o := nodeOpts{memSize: benchDepth * size, sqDepth: 64, cqDepth: 256}
+			var xs, ys []*node
+			for i := range pairs {
+				x, y := connectPair(b, ctx, da, i, l, b4, o)
+				xs, ys = append(xs, x), append(ys, y)
+			}
+			b.SetBytes(size)
+			b.ReportAllocs()
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for p := range pairs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					x, y := xs[p], ys[p]
+					wrs := make([]transport.SendWR, benchDepth)
+					for i := range wrs {
+						wrs[i] = transport.SendWR{ID: uint64(i), Opcode: transport.WRRDMAWrite, Flags: transport.SendSignaled,
+							SGL: []transport.SGE{x.sge(i*size, size)}, RemoteAddr: y.mem.Addr() + uint64(i*size), RKey: y.mr.RKey()}
+					}
+					var wc [benchDepth]transport.WC
+					n := b.N / pairs
+					inflight, posted := 0, 0
+					for done := 0; done < n; {
+						for inflight < benchDepth && posted < n {
+							if err := x.qp.PostSend(wrs[posted%benchDepth : posted%benchDepth+1]); err != nil {
+								b.Error(err)
+								return
+							}
+							posted++
+							inflight++
+						}
+						k := pollSome(b, ctx, x.scq, wc[:])
+						done += k
+						inflight -= k
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			var retx uint64
+			for _, d := range []*Device{da, db} {
+				retx += d.Stats().Retransmits
+			}
+			b.ReportMetric(float64(retx)/float64(b.N), "retx/op")
+		})
+	}
 }

@@ -72,7 +72,9 @@ if [ -z "$PORT_ID" ]; then
   PORT_ID=$SRP_INTEROP_ID_EXT$SRP_INTEROP_IOC_GUID
 fi
 
-# common_conf: the transport, the control socket and the logs (both roles).
+# common_conf: the transport, the control socket and the logs (both roles). The transport has
+# $SRPD_INTEROP_QUEUES receive queues (default 2): the kernel's rxe sends every QP's packets to
+# port 4791 and must see no difference.
 common_conf() {
   cat <<CONF
 version: 1
@@ -81,6 +83,7 @@ transports:
     driver: softroce
     address: $SRP_INTEROP_ADDR
     udp_port: $ROCE_PORT
+    queues: ${SRPD_INTEROP_QUEUES:-2}
 control:
   socket: $DIR/srpd.sock
   mode: "0600"

@@ -363,9 +363,9 @@ func (d *Device) AllocMemory(n int) (transport.Memory, error) {
 		_ = unix.Munmap(buf)
 		return nil, transport.ErrClosed
 	}
-	d.ms.mu.Lock()
+	d.ms.lock()
 	d.ms.mm.add(r)
-	d.ms.mu.Unlock()
+	d.ms.unlock()
 	d.mu.Unlock()
 	return memory{r}, nil
 }
@@ -470,10 +470,12 @@ drain:
 	d.sendMu.Unlock() //nolint:staticcheck // a barrier
 	err := d.lnk.Close()
 	d.wg.Wait()
-	d.ms.mu.Lock()
+	d.mu.Lock()
+	d.ms.lock()
 	d.ms.closed++
 	d.ms.reapDead()
-	d.ms.mu.Unlock()
+	d.ms.unlock()
+	d.mu.Unlock()
 	if drainErr != nil {
 		return fmt.Errorf("close %s: drain: %w", d.name, drainErr)
 	}

@@ -78,7 +78,7 @@ func openGroup(cfg Config) (*Device, error) {
 		}
 		g.devs[i] = d
 	}
-	g.ms.devs = g.devs
+	g.ms.devs, g.ms.shared = g.devs, true
 	for _, d := range g.devs {
 		d.start()
 	}

@@ -125,7 +125,7 @@ func (ms *memSpace) reapDead() {
 
 // reap is reapDead for a holder of a device's mu.
 func (ms *memSpace) reap() {
-	ms.mu.Lock()
+	ms.lock()
 	ms.reapDead()
-	ms.mu.Unlock()
+	ms.unlock()
 }

@@ -33,8 +33,10 @@ func mapping(t *testing.T, addr uintptr) string {
 }
 
 func deadLen(d *Device) int {
-	d.ms.mu.Lock()
-	defer d.ms.mu.Unlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.ms.lock()
+	defer d.ms.unlock()
 	return len(d.ms.dead)
 }
 

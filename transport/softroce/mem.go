@@ -23,14 +23,16 @@ const (
 // memSpace is device memory: the regions AllocMemory maps, their device addresses, and the
 // freed memory that waits for packets still pointing into it (linkref.go). A device has its
 // own; the devices of a group (the queues of one multi-queue device, group.go) share one, as
-// any queue may register any of the group's memory. Its mutex is taken after a device's mu,
-// never before, and guards the map, every region's buf and users, and dead. Free also holds
+// any queue may register any of the group's memory. Its lock (lock, unlock) is taken after a
+// device's mu, never before, and guards the map, every region's buf and users, and dead; it
+// is a no-op where one device owns the space, whose mu then guards all of it. Free also holds
 // the mu of every device sharing the space (in order), as the devices use memory under their
 // own mu only: the loopback path resolves a payload reference and copies from it under it.
 
 type memSpace struct {
-	mu sync.Mutex
-	mm memMap
+	mu     sync.Mutex
+	shared bool // several devices (set before any is used)
+	mm     memMap
 	// refOut counts the packets built with a Payload of this memory for the link and not yet
 	// through sendFrom, on every device sharing it (linkref.go).
 	refOut atomic.Int64
@@ -65,8 +67,8 @@ func (m memory) Free() error {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 	}
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
+	ms.lock()
+	defer ms.unlock()
 	if m.r.buf == nil {
 		return transport.ErrClosed
 	}
@@ -80,10 +82,22 @@ func (m memory) Free() error {
 }
 
 // memMap is the device's sorted set of regions.
+func (ms *memSpace) lock() {
+	if ms.shared {
+		ms.mu.Lock()
+	}
+}
+
+func (ms *memSpace) unlock() {
+	if ms.shared {
+		ms.mu.Unlock()
+	}
+}
+
 // holds reports whether [addr, addr+n) lies in one region of the space.
 func (ms *memSpace) holds(addr, n uint64) bool {
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
+	ms.lock()
+	defer ms.unlock()
 	return ms.mm.find(addr, n) != nil
 }
 

@@ -83,8 +83,8 @@ func (m *mr) Close() error {
 // release drops the MR's hold on memory regions (invalidate / deregister).
 func (m *mr) release() {
 	ms := m.dev.ms
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
+	ms.lock()
+	defer ms.unlock()
 	if m.fast {
 		if m.state == transport.MRValid {
 			for i, r := range m.pageRegs {
@@ -164,8 +164,8 @@ func (p *pd) RegMR(addr, length uint64, access transport.Access) (transport.MR, 
 		return nil, fmt.Errorf("register MR of %d bytes: %w", length, transport.ErrInvalidArgument)
 	}
 	ms := d.ms
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
+	ms.lock()
+	defer ms.unlock()
 	b, r := ms.mm.slice(addr, length)
 	if r == nil {
 		return nil, fmt.Errorf("register MR [%#x, +%d): %w", addr, length, transport.ErrBadAddress)
@@ -286,8 +286,8 @@ func (d *Device) regMR(p *pd, w *transport.RegMRWR) transport.WCStatus {
 		return transport.WCLocQPOpErr
 	}
 	ms := d.ms
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
+	ms.lock()
+	defer ms.unlock()
 	for _, a := range w.Pages {
 		if a&(ps-1) != 0 || ms.mm.find(a, ps) == nil {
 			return transport.WCLocProtErr

@@ -586,9 +586,9 @@ func (q *qp) postSend(wrs []transport.SendWR) (queued bool, err error) {
 			for _, s := range wr.SGL {
 				b := s.Host
 				if b == nil {
-					d.ms.mu.Lock()
+					d.ms.lock()
 					b, _ = d.ms.mm.slice(s.Addr, uint64(s.Length))
-					d.ms.mu.Unlock()
+					d.ms.unlock()
 				}
 				w.inline = append(w.inline, b...)
 			}

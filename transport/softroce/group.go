@@ -126,34 +126,18 @@ func (d *Device) forward(to int, pk *link.Packet) {
 func (d *Device) inject(pk *link.Packet) {
 	l := &d.loop
 	l.mu.Lock()
-	var buf []byte
-	if m := len(l.free); m > 0 {
-		buf = l.free[m-1]
-		l.free[m-1] = nil
-		l.free = l.free[:m-1]
-	} else if l.nbufs < l.max {
-		buf = make([]byte, bufSize)
-		l.nbufs++
-	} else {
+	buf := l.freeBuf()
+	if buf == nil {
 		l.mu.Unlock()
 		d.stats.loopDrops.Add(1) // the RC retry recovers it, as after a loss on a network
 		return
 	}
 	n := copy(buf, pk.Buf)
 	l.q = append(l.q, loopPacket{pk: link.Packet{Src: pk.Src, Dst: pk.Dst, TrafficClass: pk.TrafficClass, Buf: buf[:n]}})
-	wake := !l.active
-	if wake {
-		l.active = true
-		if l.holds > 0 {
-			l.owed, wake = true, false // a Progress will drain
-		}
-	}
+	wake := l.claim()
 	l.mu.Unlock()
 	if wake {
-		select {
-		case l.kick <- struct{}{}:
-		default:
-		}
+		l.wake()
 	}
 }
 

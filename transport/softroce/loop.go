@@ -115,15 +115,8 @@ func (d *Device) loopSend(pkts []link.Packet, pool [][]byte) []link.Packet {
 			k++
 			continue
 		}
-		var buf []byte
-		if m := len(l.free); m > 0 {
-			buf = l.free[m-1]
-			l.free[m-1] = nil
-			l.free = l.free[:m-1]
-		} else if l.nbufs < l.max {
-			buf = make([]byte, bufSize)
-			l.nbufs++
-		} else {
+		buf := l.freeBuf()
+		if buf == nil {
 			drops++
 			continue
 		}
@@ -178,13 +171,7 @@ func (d *Device) loopSend(pkts []link.Packet, pool [][]byte) []link.Packet {
 		n++
 		bytes += uint64(plen)
 	}
-	wake := !l.active && len(l.q) > l.head
-	if wake {
-		l.active = true
-		if l.holds > 0 {
-			l.owed, wake = true, false // a Progress will drain
-		}
-	}
+	wake := len(l.q) > l.head && l.claim()
 	l.mu.Unlock()
 	d.stats.loopPackets.Add(n)
 	d.stats.loopBytes.Add(bytes)
@@ -196,12 +183,47 @@ func (d *Device) loopSend(pkts []link.Packet, pool [][]byte) []link.Packet {
 		d.stats.loopDrops.Add(drops)
 	}
 	if wake {
-		select {
-		case l.kick <- struct{}{}:
-		default:
-		}
+		l.wake()
 	}
 	return pkts[:k]
+}
+
+// freeBuf returns a free full-size buffer of the queue, or nil when the queue holds all it
+// may (the packet is then dropped and counted; RC retries recover it). l.mu held.
+func (l *loopback) freeBuf() []byte {
+	if m := len(l.free); m > 0 {
+		buf := l.free[m-1]
+		l.free[m-1] = nil
+		l.free = l.free[:m-1]
+		return buf
+	}
+	if l.nbufs < l.max {
+		l.nbufs++
+		return make([]byte, bufSize)
+	}
+	return nil
+}
+
+// claim gives packets just queued a drainer if the queue has none: it reports whether the
+// loopback loop must be woken (not when a Hold's Progress will drain). l.mu held.
+func (l *loopback) claim() bool {
+	if l.active {
+		return false
+	}
+	l.active = true
+	if l.holds > 0 {
+		l.owed = true // a Progress will drain
+		return false
+	}
+	return true
+}
+
+// wake wakes the loopback loop.
+func (l *loopback) wake() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
 }
 
 // loopLoop drains the loopback queue whenever woken.
@@ -240,10 +262,7 @@ func (d *Device) loopDrain(max int) bool {
 		}
 		if k == max {
 			l.mu.Unlock()
-			select {
-			case l.kick <- struct{}{}:
-			default:
-			}
+			l.wake()
 			return true
 		}
 		l.take(b, n)

@@ -101,6 +101,14 @@ func (d *Device) Queues() []transport.Device {
 // leads reports whether d stands for a group (queue 0 of a multi-queue device).
 func (d *Device) leads() bool { return d.grp != nil && d.qidx == 0 }
 
+// members are the devices a call on d covers: every queue when d stands for a group, else d.
+func (d *Device) members() []*Device {
+	if d.leads() {
+		return d.grp.devs
+	}
+	return []*Device{d}
+}
+
 // madQueue is the queue that handles a MAD received on QP1 (see the package note above).
 func (d *Device) madQueue(mad []byte) int {
 	key, byQPN, ok := cm.Steer(mad)
@@ -159,7 +167,7 @@ func (d *Device) closeGroup(ctx context.Context) error {
 // groupStats adds up the counters of the group's queues.
 func (d *Device) groupStats() Stats {
 	var sum Stats
-	for _, q := range d.grp.devs {
+	for _, q := range d.members() {
 		addStats(&sum, q.queueStats())
 	}
 	return sum
@@ -181,13 +189,12 @@ func addStats(s *Stats, o Stats) {
 	}
 }
 
-// QueueStats returns the counters of each queue (one entry for a device of one queue).
+// QueueStats returns the counters of each queue (one entry for a device of one queue, or for
+// a queue other than 0).
 func (d *Device) QueueStats() []Stats {
-	if d.grp == nil {
-		return []Stats{d.queueStats()}
-	}
-	out := make([]Stats, len(d.grp.devs))
-	for i, q := range d.grp.devs {
+	qs := d.members()
+	out := make([]Stats, len(qs))
+	for i, q := range qs {
 		out[i] = q.queueStats()
 	}
 	return out

@@ -185,9 +185,7 @@ func (d *Device) resolveRef(r *loopRef, src [][]byte) bool {
 			src[i] = h // kept alive by the reference; the WR it comes from has not completed
 			continue
 		}
-		d.ms.lock()
-		b, _ := d.ms.mm.slice(r.seg[i].addr, r.seg[i].len)
-		d.ms.unlock()
+		b := d.ms.slice(r.seg[i].addr, r.seg[i].len)
 		if b == nil {
 			return false
 		}

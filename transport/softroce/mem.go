@@ -28,7 +28,6 @@ const (
 // is a no-op where one device owns the space, whose mu then guards all of it. Free also holds
 // the mu of every device sharing the space (in order), as the devices use memory under their
 // own mu only: the loopback path resolves a payload reference and copies from it under it.
-
 type memSpace struct {
 	mu     sync.Mutex
 	shared bool // several devices (set before any is used)
@@ -81,7 +80,6 @@ func (m memory) Free() error {
 	return ms.unmap(buf)
 }
 
-// memMap is the device's sorted set of regions.
 func (ms *memSpace) lock() {
 	if ms.shared {
 		ms.mu.Lock()
@@ -101,6 +99,16 @@ func (ms *memSpace) holds(addr, n uint64) bool {
 	return ms.mm.find(addr, n) != nil
 }
 
+// slice returns the bytes of [addr, addr+n) when they lie in one region of the space, else
+// nil.
+func (ms *memSpace) slice(addr, n uint64) []byte {
+	ms.lock()
+	defer ms.unlock()
+	b, _ := ms.mm.slice(addr, n)
+	return b
+}
+
+// memMap is the device's sorted set of regions.
 type memMap struct {
 	regions []*region // sorted by base
 	next    uint64    // next base address

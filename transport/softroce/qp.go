@@ -586,9 +586,7 @@ func (q *qp) postSend(wrs []transport.SendWR) (queued bool, err error) {
 			for _, s := range wr.SGL {
 				b := s.Host
 				if b == nil {
-					d.ms.lock()
-					b, _ = d.ms.mm.slice(s.Addr, uint64(s.Length))
-					d.ms.unlock()
+					b = d.ms.slice(s.Addr, uint64(s.Length))
 				}
 				w.inline = append(w.inline, b...)
 			}

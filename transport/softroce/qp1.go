@@ -141,18 +141,12 @@ func randomGUID() uint64 {
 // allowed while the device has no listener and no connection (ErrBusy otherwise), typically
 // right after Open. On queue 0 of a multi-queue device it configures every queue.
 func (d *Device) ConfigureCM(cfg cm.Config) error {
-	if d.leads() {
-		if cfg.GUID == 0 {
-			cfg.GUID = d.grp.guid
+	for _, q := range d.members() {
+		if err := q.configureCM(cfg); err != nil { // cmConfig gives the queues one GUID
+			return err
 		}
-		for _, q := range d.grp.devs {
-			if err := q.configureCM(cfg); err != nil {
-				return err
-			}
-		}
-		return nil
 	}
-	return d.configureCM(cfg)
+	return nil
 }
 
 // configureCM is ConfigureCM for the device alone.
@@ -186,13 +180,9 @@ func (d *Device) CMConfig() cm.Config {
 // MADs and the RC packets of connections with that peer go there. Port 0 removes the entry.
 // On queue 0 of a multi-queue device it applies to every queue.
 func (d *Device) SetPeerUDPPort(addr netip.Addr, port uint16) {
-	if d.leads() {
-		for _, q := range d.grp.devs {
-			q.setPeerUDPPort(addr, port)
-		}
-		return
+	for _, q := range d.members() {
+		q.setPeerUDPPort(addr, port)
 	}
-	d.setPeerUDPPort(addr, port)
 }
 
 func (d *Device) setPeerUDPPort(addr netip.Addr, port uint16) {
@@ -208,12 +198,8 @@ func (d *Device) setPeerUDPPort(addr netip.Addr, port uint16) {
 // CMStats returns a snapshot of the QP1 counters (queue 0 of a multi-queue device: the sum
 // over its queues).
 func (d *Device) CMStats() CMStats {
-	qs := []*Device{d}
-	if d.leads() {
-		qs = d.grp.devs
-	}
 	var out CMStats
-	for _, q := range qs {
+	for _, q := range d.members() {
 		s := &q.cm.stats
 		out.RxMADs += s.rxMADs.Load()
 		out.RxMalformed += s.rxMalformed.Load()

@@ -24,14 +24,11 @@ type ConnIdentity struct {
 // dialled and accepted), in no particular order (queue 0 of a multi-queue device: those of
 // every queue).
 func (d *Device) EstablishedConns() []ConnIdentity {
-	if d.leads() {
-		var ids []ConnIdentity
-		for _, q := range d.grp.devs {
-			ids = q.establishedConns(ids)
-		}
-		return ids
+	var ids []ConnIdentity
+	for _, q := range d.members() {
+		ids = q.establishedConns(ids)
 	}
-	return d.establishedConns(nil)
+	return ids
 }
 
 func (d *Device) establishedConns(ids []ConnIdentity) []ConnIdentity {

@@ -219,8 +219,8 @@ func (d *Device) groupListen(addr netip.Addr, port uint16) (transport.Listener, 
 
 // groupDial dials from the queue that holds the QP.
 func (d *Device) groupDial(ctx context.Context, remote netip.AddrPort, tqp transport.QP, privateData []byte, param transport.ConnParam) (transport.CMConn, error) {
-	if q, ok := tqp.(*qp); ok && q != nil && q.dev.grp == d.grp && q.dev != d {
-		return q.dev.Dial(ctx, remote, tqp, privateData, param)
+	if q, ok := tqp.(*qp); ok && q != nil && q.dev.grp == d.grp {
+		d = q.dev
 	}
-	return d.dial(ctx, remote, tqp, privateData, param)
+	return d.dial(ctx, remote, tqp, privateData, param) // a QP of no queue: d's cmQP refuses it
 }
